@@ -1,0 +1,210 @@
+"""YAML configs mapped onto dataclasses, with dotted `key=value` overrides.
+
+Every value is checked against the dataclass field's annotation; an unknown key names itself and the
+closest valid key; a wrong type says which key, what it got and what it wants. All of it raises
+`UserError`, so a command line prints one line and exits 2.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Union
+
+import yaml
+
+from common.errors import UserError
+
+
+def closest(name: str, choices: list[str]) -> str:
+    """' (did you mean 'x'?)' for the nearest valid name, or '' when nothing is close."""
+    match = difflib.get_close_matches(name, choices, n=1, cutoff=0.5)
+    if match:
+        return f" (did you mean '{match[0]}'?)"
+    return f" (valid keys: {', '.join(sorted(choices))})"
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping; a missing file or a syntax error becomes one clear line."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"config file '{path}' not found: pass the path to a YAML file, e.g. configs/small.yaml")
+    try:
+        loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        where = ""
+        mark = getattr(e, "problem_mark", None)
+        if mark is not None:
+            where = f" at line {mark.line + 1}, column {mark.column + 1}"
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise UserError(f"config file '{path}' is not valid YAML{where}: {problem}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"config file '{path}' is not UTF-8 text") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise UserError(f"config file '{path}' must hold a mapping of sections (model:, data:, ...), "
+                        f"not a {type(loaded).__name__}")
+    return loaded
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """'train.max_iters=200' -> (['train', 'max_iters'], 200). The value is parsed as YAML."""
+    if "=" not in text:
+        raise UserError(f"override '{text}' must look like section.key=value, e.g. train.max_iters=200")
+    key, _, raw = text.partition("=")
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise UserError(f"override '{text}' has an empty key: write section.key=value, e.g. train.max_iters=200")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw  # not YAML: keep it as the literal string, the type check decides
+    return key.split("."), value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Set each dotted key in a copy of the nested mapping (sections are created when missing)."""
+    out = _deep_copy(raw)
+    for text in overrides:
+        path, value = parse_override(text)
+        node = out
+        for part in path[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise UserError(f"override '{text}': '{part}' is a value, not a section")
+            node = child
+        node[path[-1]] = value
+    return out
+
+
+def _deep_copy(d: Any) -> Any:
+    if isinstance(d, dict):
+        return {k: _deep_copy(v) for k, v in d.items()}
+    if isinstance(d, list):
+        return [_deep_copy(v) for v in d]
+    return d
+
+
+def from_dict(cls: type, raw: Any, where: str = "") -> Any:
+    """Build dataclass `cls` from a mapping, checking keys and value types recursively.
+
+    `where` is the dotted prefix used in messages ('train.'), so errors name the full key.
+    A `ValueError` from the dataclass's own `__post_init__` becomes a `UserError` too.
+    """
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise UserError(f"'{where.rstrip('.') or 'config'}' must be a mapping of keys, got {_show(raw)}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for key, value in raw.items():
+        if not isinstance(key, str) or key not in fields:
+            raise UserError(f"unknown config key '{where}{key}'{closest(str(key), list(fields))}")
+        kwargs[key] = coerce(hints[key], value, f"{where}{key}")
+    try:
+        return cls(**kwargs)
+    except ValueError as e:
+        raise UserError(f"invalid config in '{where.rstrip('.') or 'config'}': {e}") from None
+
+
+def coerce(annotation: Any, value: Any, key: str) -> Any:
+    """Check (and gently convert: int -> float, '1e-3' -> float) `value` against a type annotation."""
+    origin = typing.get_origin(annotation)
+    if dataclasses.is_dataclass(annotation):
+        return from_dict(annotation, value, key + ".")
+    if origin in (Union, types.UnionType):
+        options = typing.get_args(annotation)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return coerce(option, value, key)
+            except UserError as e:
+                errors.append(str(e))
+        raise UserError(f"'{key}' got {_show(value)}; expected {_type_name(annotation)}")
+    if origin is typing.Literal:
+        choices = typing.get_args(annotation)
+        if value in choices:
+            return value
+        hint = closest(str(value), [str(c) for c in choices]) if isinstance(value, str) else ""
+        raise UserError(f"'{key}' got {_show(value)}; expected one of {', '.join(map(repr, choices))}{hint}")
+    if origin is list:
+        (item_type,) = typing.get_args(annotation) or (Any,)
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool) and item_type is not Any:
+            value = [value]  # a single value where a list is expected: `layers=0` means [0]
+        if not isinstance(value, list):
+            raise UserError(f"'{key}' got {_show(value)}; expected a list")
+        return [coerce(item_type, v, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise UserError(f"'{key}' got {_show(value)}; expected a mapping")
+        return value
+    if annotation is Any:
+        return value
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        raise UserError(f"'{key}' got {_show(value)}; expected true or false")
+    if annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise UserError(f"'{key}' got {_show(value)}; expected an integer")
+    if annotation is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads '6e-4' as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise UserError(f"'{key}' got {_show(value)}; expected a number")
+    if annotation is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise UserError(f"'{key}' got {_show(value)}; expected a string")
+    raise TypeError(f"config_io cannot check annotation {annotation!r} of '{key}'")  # a bug, not user input
+
+
+def to_dict(obj: Any) -> Any:
+    """A dataclass tree as plain dicts/lists (for JSON and YAML dumps)."""
+    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "nothing (null)"
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{text} ({type(value).__name__})"
+
+
+def _type_name(annotation: Any) -> str:
+    names = []
+    for option in typing.get_args(annotation):
+        if option is type(None):
+            names.append("null")
+        elif typing.get_origin(option) is list:
+            names.append("a list")
+        else:
+            names.append(getattr(option, "__name__", str(option)))
+    return " or ".join(names)
+
+
+def load_config(cls: type, path: str | Path, overrides: list[str] | None = None) -> Any:
+    """YAML file + dotted overrides -> validated dataclass instance."""
+    raw = apply_overrides(load_yaml(path), overrides or [])
+    return from_dict(cls, raw)

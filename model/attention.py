@@ -1,0 +1,153 @@
+"""Causal self-attention, written out: softmax(Q K^T / sqrt(d_k)) V.
+
+`scaled_dot_product_attention` is the formula of the seed texts, step by step, and returns the
+attention weights it computed: the maps this project draws. `CausalSelfAttention` wraps it in the
+projections of a transformer layer, with grouped-query attention (GQA): `n_head` query heads share
+`n_kv_head` key/value heads (MQA at 1, plain multi-head attention at `n_head`).
+
+A fused path (`attn_impl="sdpa"`, PyTorch's F.scaled_dot_product_attention) serves speed; it must
+equal the from-scratch path (tests/test_attention.py), and whenever weights are asked for, the
+from-scratch path runs instead, since the fused kernels never materialise them.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from model.config import ModelConfig
+from model.rope import apply_rope
+
+
+def causal_mask(t_q: int, t_k: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Bool (t_q, t_k), True where query i may look at key j.
+
+    Aligned bottom-right: the queries are the *last* t_q positions of the t_k keys, so query i sits
+    at absolute position t_k - t_q + i and sees keys j <= t_k - t_q + i. With t_q == t_k this is the
+    usual lower triangle; with t_q < t_k (decoding against a cache) the new tokens see all the past.
+    (PyTorch's SDPA `is_causal=True` aligns top-left instead when t_q != t_k: pytorch issue 108108.)
+    """
+    return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal=t_k - t_q)
+
+
+def stable_softmax(scores: torch.Tensor) -> torch.Tensor:
+    """Row-wise softmax over the last dim, shifted by the row max so exp() never overflows.
+
+    exp(s - max) / sum(exp(s - max)) equals exp(s) / sum(exp(s)) exactly in real arithmetic, but its
+    exponents are all <= 0, so scores of 800 (exp(800) = inf in float64) still give finite weights.
+    A row whose every entry is masked (-inf) gets all-zero weights instead of NaN.
+    """
+    row_max = scores.amax(dim=-1, keepdim=True)
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    exp = torch.exp(scores - row_max)  # masked entries: exp(-inf) = 0 exactly
+    total = exp.sum(dim=-1, keepdim=True)
+    return exp / total.clamp_min(torch.finfo(exp.dtype).tiny)
+
+
+def scaled_dot_product_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    causal: bool = False,
+    dropout_p: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention from scratch. Returns (output, weights).
+
+    q: (..., T_q, d_k)   k: (..., T_k, d_k)   v: (..., T_k, d_v)   (leading dims broadcast)
+    mask: bool, True = may attend (as in F.scaled_dot_product_attention), broadcastable to
+          (..., T_q, T_k); or a float mask added to the scores.
+    causal: hide future keys, aligned bottom-right (see `causal_mask`).
+    dropout_p: dropout on the weights used for mixing (the returned weights are before dropout).
+
+    output: (..., T_q, d_v)   weights: (..., T_q, T_k), each row sums to 1, masked entries exactly 0.
+    The softmax runs in at least float32, also under bf16 autocast: its weights are what we inspect.
+    """
+    d_k = q.shape[-1]
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(d_k)  # (..., T_q, T_k): how much each query matches each key
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+    if causal:
+        t_q, t_k = scores.shape[-2], scores.shape[-1]
+        scores = scores.masked_fill(~causal_mask(t_q, t_k, scores.device), float("-inf"))
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask
+    weights = stable_softmax(scores)  # (..., T_q, T_k)
+    mixing = F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights
+    out = mixing.to(v.dtype) @ v  # (..., T_q, d_v): each query's weighted average of the values
+    return out, weights
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """(B, n_kv_head, T, head_dim) -> (B, n_kv_head * n_rep, T, head_dim), each kv head repeated n_rep times
+    in a row, so query head h reads kv head h // n_rep."""
+    if n_rep == 1:
+        return x
+    b, n_kv, t, d = x.shape
+    return x[:, :, None, :, :].expand(b, n_kv, n_rep, t, d).reshape(b, n_kv * n_rep, t, d)
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention with grouped-query key/value heads and optional RoPE."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.n_head = config.n_head
+        self.n_kv_head = config.n_kv_head
+        self.head_dim = config.head_dim
+        self.attn_impl = config.attn_impl
+        self.dropout_p = config.dropout
+        # q, k and v in one matmul (one kernel launch); the k and v parts have only n_kv_head heads
+        self.qkv_proj = nn.Linear(config.d_model, (config.n_head + 2 * config.n_kv_head) * config.head_dim,
+                                  bias=config.bias)
+        self.out_proj = nn.Linear(config.n_head * config.head_dim, config.d_model, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.kv_cache = None  # a model.kv_cache.KVCache while generating with a cache
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        mask: torch.Tensor | None = None,
+        input_pos: torch.Tensor | None = None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: (B, T, d_model). rope: (cos, sin), each (T, head_dim/2), for the positions of x.
+        mask: None for plain causal attention over x itself; with a KV cache, bool (T, max_len) rows
+        of the causal table at `input_pos`, the absolute positions of x's tokens, where k/v are written.
+        Returns (y (B, T, d_model), weights (B, n_head, T, T_k) if need_weights else None)."""
+        B, T, _ = x.shape
+        q, k, v = self.qkv_proj(x).split(
+            [self.n_head * self.head_dim, self.n_kv_head * self.head_dim, self.n_kv_head * self.head_dim], dim=-1)
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, n_head, T, head_dim)
+        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv_head, T, head_dim)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv_head, T, head_dim)
+        if rope is not None:
+            cos, sin = rope
+            q = apply_rope(q, cos, sin)
+            k = apply_rope(k, cos, sin)
+        if self.kv_cache is not None:
+            k, v = self.kv_cache.update(input_pos, k, v)  # (B, n_kv_head, max_len, head_dim)
+        dropout_p = self.dropout_p if self.training else 0.0
+        n_rep = self.n_head // self.n_kv_head
+
+        weights = None
+        if need_weights or self.attn_impl == "manual":
+            # Group the query heads by the kv head they share: (B, n_kv_head, n_rep, T, head_dim);
+            # k and v broadcast over the group axis, so shared heads are never copied.
+            q_grouped = q.view(B, self.n_kv_head, n_rep, T, self.head_dim)
+            out, weights = scaled_dot_product_attention(
+                q_grouped, k.unsqueeze(2), v.unsqueeze(2), mask=mask, causal=mask is None, dropout_p=dropout_p)
+            out = out.view(B, self.n_head, T, self.head_dim)
+            weights = weights.view(B, self.n_head, T, -1) if need_weights else None
+        else:
+            out = F.scaled_dot_product_attention(
+                q, repeat_kv(k, n_rep), repeat_kv(v, n_rep),
+                attn_mask=mask, is_causal=mask is None, dropout_p=dropout_p)  # (B, n_head, T, head_dim)
+
+        y = out.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)  # heads side by side again
+        return self.resid_dropout(self.out_proj(y)), weights

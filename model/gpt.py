@@ -1,0 +1,185 @@
+"""GPT: a decoder-only transformer built on the from-scratch attention block.
+
+tokens -> embedding (+ learned positions) -> n_layer pre-norm blocks -> final norm -> LM head -> logits
+Each block: x = x + attention(norm(x)); x = x + mlp(norm(x)).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from model.attention import CausalSelfAttention
+from model.config import ModelConfig
+from model.kv_cache import KVCache
+from model.mlp import make_mlp
+from model.norm import make_norm
+from model.rope import rope_tables
+
+
+class Block(nn.Module):
+    """One transformer layer: attention then MLP, each on a normalised copy of the residual stream."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.attn_norm = make_norm(config.norm, config.d_model, config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.mlp_norm = make_norm(config.norm, config.d_model, config.bias)
+        self.mlp = make_mlp(config)
+
+    def forward(self, x, rope=None, mask=None, input_pos=None, need_weights=False):
+        attn_out, weights = self.attn(self.attn_norm(x), rope, mask, input_pos, need_weights)
+        x = x + attn_out
+        x = x + self.mlp(self.mlp_norm(x))
+        return x, weights
+
+
+class GPT(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
+        self.pos_emb = nn.Embedding(config.block_size, config.d_model) if config.pos == "learned" else None
+        self.emb_dropout = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.final_norm = make_norm(config.norm, config.d_model, config.bias)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            # one matrix maps tokens to vectors and vectors back to token scores (Press & Wolf 2017)
+            self.lm_head.weight = self.tok_emb.weight
+        if config.pos == "rope":
+            cos, sin = rope_tables(config.head_dim, config.block_size, config.rope_theta)
+            self.register_buffer("rope_cos", cos, persistent=False)  # (block_size, head_dim/2)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.causal_table = None  # bool (max_len, max_len), set with the KV cache
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """GPT-2's initialisation, in one place.
+
+        - every Linear and Embedding weight ~ N(0, 0.02), biases 0: small enough that the first
+          logits are near uniform (initial loss ~ ln(vocab_size));
+        - the two projections that write into the residual stream (attention out_proj, MLP fc_out)
+          get std 0.02 / sqrt(2 * n_layer): the stream sums 2 * n_layer of them, so its variance at
+          init stays independent of depth (GPT-2 paper, section 2.3);
+        - norm weights 1, norm biases 0.
+        """
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear):
+                std = residual_std if name.endswith(("out_proj", "fc_out")) else 0.02
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        for name, param in self.named_parameters():
+            if "norm" in name:
+                nn.init.ones_(param) if name.endswith("weight") else nn.init.zeros_(param)
+
+    # ----------------------------------------------------------------------------------------------
+    def _hidden(self, idx: torch.Tensor, input_pos: torch.Tensor | None = None,
+                record: set[int] | frozenset[int] = frozenset()) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """idx (B, T) -> final hidden states (B, T, d_model) and the attention weights of the layers in
+        `record`, each (B, n_head, T, T_k). Weights are only computed for those layers."""
+        B, T = idx.shape
+        caching = self.blocks[0].attn.kv_cache is not None
+        if input_pos is None:
+            if caching:
+                raise ValueError("a KV cache is set up: pass input_pos, the positions of idx's tokens")
+            if T > self.config.block_size:
+                raise ValueError(f"sequence of {T} tokens is longer than block_size={self.config.block_size}")
+            positions = torch.arange(T, device=idx.device)
+            mask = None  # plain causal attention over idx itself
+        else:
+            positions = input_pos  # (T,) absolute positions of idx's tokens
+            # With a cache, query row i sees the keys written at positions <= input_pos[i] (bottom-right
+            # aligned causal attention over the whole buffer); without one, idx only sees itself.
+            mask = self.causal_table[input_pos] if caching else None
+
+        x = self.tok_emb(idx)  # (B, T, d_model)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(positions)
+        x = self.emb_dropout(x)
+        rope = (self.rope_cos[positions], self.rope_sin[positions]) if self.config.pos == "rope" else None
+
+        maps: dict[int, torch.Tensor] = {}
+        for layer, block in enumerate(self.blocks):
+            x, weights = block(x, rope, mask, input_pos, need_weights=layer in record)
+            if weights is not None:
+                maps[layer] = weights
+        return self.final_norm(x), maps
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
+                input_pos: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx (B, T) token ids -> (logits (B, T, vocab_size), mean cross-entropy against targets or None).
+        Targets equal to -1 are ignored. With a KV cache, input_pos (T,) gives idx's positions."""
+        x, _ = self._hidden(idx, input_pos)
+        logits = self.lm_head(x)  # (B, T, vocab_size)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
+        return logits, loss
+
+    @torch.no_grad()
+    def attention_maps(self, idx: torch.Tensor, layers: list[int] | None = None) -> dict[int, torch.Tensor]:
+        """Attention weights {layer: (B, n_head, T, T)} of `layers` (default all) for idx (B, T), computed
+        by the from-scratch path whatever attn_impl is. Runs in eval mode (no dropout), then restores."""
+        layers = list(range(self.config.n_layer)) if layers is None else list(layers)
+        for layer in layers:
+            if not 0 <= layer < self.config.n_layer:
+                raise ValueError(f"layer {layer} out of range: the model has layers 0..{self.config.n_layer - 1}")
+        was_training = self.training
+        self.eval()
+        try:
+            _, maps = self._hidden(idx, record=set(layers))
+        finally:
+            self.train(was_training)
+        return {layer: maps[layer].float() for layer in layers}
+
+    # ----------------------------------------------------------------------------------------------
+    def setup_kv_cache(self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None,
+                       device: torch.device | str | None = None) -> int:
+        """Give every layer a preallocated KV cache; returns its total size in bytes."""
+        max_len = self.config.block_size if max_len is None else max_len
+        if not 1 <= max_len <= self.config.block_size:
+            raise ValueError(f"max_len={max_len}: must be in 1..block_size={self.config.block_size}")
+        param = self.tok_emb.weight
+        dtype = dtype or param.dtype
+        device = device or param.device
+        for block in self.blocks:
+            block.attn.kv_cache = KVCache(batch_size, self.config.n_kv_head, max_len, self.config.head_dim,
+                                          dtype=dtype, device=device)
+        self.causal_table = torch.ones(max_len, max_len, dtype=torch.bool, device=device).tril()
+        return sum(block.attn.kv_cache.nbytes() for block in self.blocks)
+
+    def clear_kv_cache(self) -> None:
+        for block in self.blocks:
+            block.attn.kv_cache = None
+        self.causal_table = None
+
+    # ----------------------------------------------------------------------------------------------
+    def num_params(self, exclude_embeddings: bool = False) -> int:
+        """Distinct parameters (a tied LM head counts once). exclude_embeddings drops the token and
+        position tables, as scaling-law papers count."""
+        n = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            n -= self.tok_emb.weight.numel()
+            if self.pos_emb is not None:
+                n -= self.pos_emb.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len: int | None = None) -> float:
+        """Training FLOPs (forward + backward) per token, for MFU (PaLM paper, appendix B).
+
+        6 per weight of every matmul (2 forward, 4 backward), the LM head included even when tied;
+        plus attention's two matmuls (QK^T and weights @ V): 12 * n_layer * n_head * head_dim * seq_len,
+        counted over the full square as is customary, though the causal half is masked.
+        """
+        c = self.config
+        seq_len = c.block_size if seq_len is None else seq_len
+        matmul_params = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+        return 6.0 * matmul_params + 12.0 * c.n_layer * c.n_head * c.head_dim * seq_len
+
