@@ -1,0 +1,97 @@
+"""DataConfig: the `data:` section of a run's YAML — where the text comes from and how it becomes tokens.
+
+Why a dataclass: `common.config_io` type-checks every YAML value against these annotations, and
+`__post_init__` checks the rules between fields (raising ValueError, which config_io reports as a one-line
+UserError), so a bad config fails before any download or tokenization starts.
+
+Three kinds of source:
+    source: tinyshakespeare                    # the default; fetched once into the data folder
+    source: text                               # local text: one file, a folder, or a list of files
+    path: notes/                               #   (a folder means every non-hidden file under it, sorted)
+    source: hub                                # any `datasets` dataset, e.g. TinyStories:
+    name: roneneldan/TinyStories               #   name, config_name, split, text_column, streaming
+    source: hub                                # ...or local parquet/json/csv through the same call:
+    name: parquet                              #   name is the builder, data_files the files
+    data_files: [shards/a.parquet, shards/b.parquet]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from data.tokenizer import check_tokenizer_name
+
+SOURCES = ("tinyshakespeare", "text", "hub")
+
+
+@dataclass
+class DataConfig:
+    # tinyshakespeare | text (local text files in `path`) | hub (a `datasets` dataset named `name`)
+    source: Literal["tinyshakespeare", "text", "hub"] = "tinyshakespeare"
+    # source text: a text file, a folder of text files, or a list of files (read as one text, like `cat`)
+    path: str | list[str] | None = None
+    # source hub: dataset name on the hub (e.g. roneneldan/TinyStories) or a builder: parquet, json, csv, text
+    name: str | None = None
+    # source hub: the dataset's configuration (subset) name, if it has several
+    config_name: str | None = None
+    # source hub: files for a builder name (local paths or URLs), or a subset of a hub dataset's files
+    data_files: str | list[str] | None = None
+    # source hub: which split of the dataset to read (our own train/val split is made from it)
+    split: str = "train"
+    # source hub: the column that holds each document's text
+    text_column: str = "text"
+    # source hub/text: iterate without downloading/converting everything first (corpora larger than disk/RAM)
+    streaming: bool = False
+    # "char" (vocabulary built from the corpus) or a tiktoken encoding name: gpt2, r50k_base, cl100k_base, ...
+    tokenizer: str = "char"
+    # share of the corpus held out for validation: the last share of the text, or every k-th document
+    val_fraction: float = 0.1
+    # worker processes for tokenization (datasets.map); output is identical for any value
+    num_proc: int = 1
+    # source hub: read at most this many documents (a cap for huge or streamed corpora); null = all
+    max_docs: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise ValueError(f"source must be one of {', '.join(SOURCES)}, got {self.source!r}")
+        self._check_source_fields()
+        for field_name in ("split", "text_column", "tokenizer"):
+            if not isinstance(getattr(self, field_name), str) or not getattr(self, field_name).strip():
+                raise ValueError(f"{field_name} must be a non-empty string")
+        check_tokenizer_name(self.tokenizer)
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be between 0 and 1 (exclusive), got {self.val_fraction}")
+        if self.num_proc < 1:
+            raise ValueError(f"num_proc must be at least 1, got {self.num_proc}")
+        if self.max_docs is not None and self.max_docs < 1:
+            raise ValueError(f"max_docs must be at least 1 (or null for all documents), got {self.max_docs}")
+
+    def _check_source_fields(self) -> None:
+        """Each source uses its own fields; a field set for another source is a mistake worth naming."""
+        used = {"tinyshakespeare": set(), "text": {"path"}, "hub": {"name", "config_name", "data_files", "max_docs"}}
+        for field_name in ("path", "name", "config_name", "data_files", "max_docs"):
+            if getattr(self, field_name) is not None and field_name not in used[self.source]:
+                owner = "text" if field_name == "path" else "hub"
+                raise ValueError(f"{field_name} is only used with source '{owner}', not '{self.source}'")
+        if self.source == "text" and not self.text_paths():
+            raise ValueError("source 'text' needs path: a text file, a folder, or a list of files")
+        if self.source == "hub" and not (self.name or "").strip():
+            raise ValueError("source 'hub' needs name: a hub dataset (e.g. roneneldan/TinyStories) or a builder "
+                             "(parquet, json, csv, text) with data_files")
+        for field_name in ("path", "data_files"):
+            value = getattr(self, field_name)
+            items = value if isinstance(value, list) else [value] if value is not None else []
+            if any(not isinstance(v, str) or not v.strip() for v in items) or value == []:
+                raise ValueError(f"{field_name} must be a non-empty path or a list of non-empty paths")
+
+    def text_paths(self) -> list[str]:
+        """`path` as a list (empty when unset)."""
+        if self.path is None:
+            return []
+        return [self.path] if isinstance(self.path, str) else list(self.path)
+
+    def data_file_list(self) -> list[str] | None:
+        """`data_files` as a list, or None when unset."""
+        if self.data_files is None:
+            return None
+        return [self.data_files] if isinstance(self.data_files, str) else list(self.data_files)

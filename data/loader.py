@@ -1,0 +1,106 @@
+"""Random training windows from a token bin, reproducible and resumable.
+
+Why this shape: like nanoGPT's get_batch, each batch is `batch_size` windows of `block_size + 1` tokens at
+uniformly random offsets of one flat token file; `x` is a window's first block_size tokens and `y` the same
+window shifted by one (the next-token targets). On top of that:
+- Determinism: the offsets of global batch number g come from a PCG64 generator seeded by (seed, split, g),
+  so a seed fixes the whole stream and train and val streams differ.
+- DDP: rank r of world_size W draws global batches r, r + W, r + 2W, ...: every rank draws its own
+  windows, and W processes with A micro-batches each see exactly the batches one process with W*A
+  micro-batches sees in the same step (so their losses agree, tests/test_ddp.py).
+- Resumption: the position in the stream is one number, the batches drawn (`state_dict()`, plain JSON);
+  `load_state_dict()` continues exactly where the saved run was.
+- The memmap is re-opened for every batch (as nanoGPT does): a long-lived np.memmap keeps every page it
+  ever touched mapped, which shows up as ever-growing memory on big corpora.
+On CUDA, batches go through pinned memory and are copied with non_blocking=True.
+
+This is the one module of data/ that needs torch (it hands tensors to the training loop).
+"""
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from common.errors import UserError
+
+
+class BatchLoader:
+    """Draws (x, y) int64 batches of shape (batch_size, block_size) from one split's token bin."""
+
+    def __init__(self, path: str | Path, dtype: np.dtype | str | type, block_size: int, batch_size: int, seed: int,
+                 rank: int = 0, world_size: int = 1, device: str | torch.device = "cpu",
+                 split: str | None = None) -> None:
+        self.path = Path(path)
+        self.dtype = np.dtype(dtype)
+        self.block_size = int(block_size)
+        self.batch_size = int(batch_size)
+        self.seed, self.rank, self.world_size = int(seed), int(rank), int(world_size)
+        self.split = split if split is not None else self.path.stem  # "train" / "val"
+        self.device = torch.device(device)
+        if self.block_size < 1 or self.batch_size < 1:
+            raise UserError(f"block_size and batch_size must be at least 1, got {self.block_size} and {self.batch_size}")
+        if self.seed < 0:
+            raise UserError(f"seed must be a non-negative integer, got {self.seed}")
+        if not 0 <= self.rank < self.world_size:
+            raise UserError(f"rank {self.rank} is outside world_size {self.world_size}")
+        if not self.path.is_file():
+            raise UserError(f"token file '{self.path}' not found: run `python -m data.prepare CONFIG` first")
+        n_bytes = self.path.stat().st_size
+        if n_bytes % self.dtype.itemsize:
+            raise UserError(f"token file '{self.path}' is {n_bytes} bytes, not a whole number of {self.dtype.name} "
+                            f"tokens: prepare the data again")
+        self.n_tokens = n_bytes // self.dtype.itemsize
+        if self.n_tokens < self.block_size + 1:
+            raise UserError(f"'{self.path}' has {self.n_tokens} tokens, fewer than block_size + 1 = "
+                            f"{self.block_size + 1}: lower block_size, or use more data / a larger val_fraction")
+        self._split_key = zlib.crc32(self.split.encode("utf-8"))  # stable across runs, unlike hash()
+        self.batches_drawn = 0
+
+    def _rng_for(self, global_batch: int) -> np.random.Generator:
+        return np.random.Generator(np.random.PCG64(
+            np.random.SeedSequence(entropy=self.seed, spawn_key=(self._split_key, global_batch))))
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """x, y: (batch_size, block_size) int64 on `device`; y[b, t] is the token after x[b, t]."""
+        tokens = np.memmap(self.path, dtype=self.dtype, mode="r")  # (n_tokens,)
+        rng = self._rng_for(self.batches_drawn * self.world_size + self.rank)
+        starts = rng.integers(0, self.n_tokens - self.block_size, size=self.batch_size)  # (B,)
+        offsets = starts[:, None] + np.arange(self.block_size + 1)  # (B, T+1)
+        windows = tokens[offsets].astype(np.int64)  # (B, T+1)
+        del tokens
+        self.batches_drawn += 1
+        x = torch.from_numpy(np.ascontiguousarray(windows[:, :-1]))  # (B, T)
+        y = torch.from_numpy(np.ascontiguousarray(windows[:, 1:]))  # (B, T)
+        if self.device.type == "cuda":
+            return (x.pin_memory().to(self.device, non_blocking=True),
+                    y.pin_memory().to(self.device, non_blocking=True))
+        return x.to(self.device), y.to(self.device)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while True:
+            yield self.next_batch()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain-JSON position in the stream: how many batches this rank has drawn."""
+        return {"batches_drawn": self.batches_drawn, "seed": self.seed, "rank": self.rank,
+                "world_size": self.world_size, "split": self.split}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the stream a `state_dict()` came from (the same seed, split, rank and world size)."""
+        try:
+            batches_drawn = int(state["batches_drawn"])
+            if batches_drawn < 0:
+                raise ValueError("negative batch count")
+        except (KeyError, TypeError, ValueError) as e:
+            raise UserError(f"batch loader state is not valid ({e}): resume from an intact checkpoint") from None
+        saved = (state.get("seed", self.seed), state.get("split", self.split), state.get("rank", self.rank),
+                 state.get("world_size", self.world_size))
+        if saved != (self.seed, self.split, self.rank, self.world_size):
+            raise UserError(f"batch loader state belongs to seed {saved[0]}, split '{saved[1]}', rank {saved[2]} of "
+                            f"{saved[3]}, not seed {self.seed}, split '{self.split}', rank {self.rank} of "
+                            f"{self.world_size}: resume with the same seed and number of processes")
+        self.batches_drawn = batches_drawn

@@ -1,0 +1,306 @@
+"""Where text comes from: the data folder, the tinyshakespeare preset, local text files and `datasets` sources.
+
+Why this module: everything that touches the outside world before tokenization lives here — finding and
+stat-ing files (for the prepare fingerprint), the one download we do ourselves, and the single
+`datasets.load_dataset(name, config, data_files=..., split=..., streaming=...)` call that reads local text,
+local parquet/json/csv and hub datasets alike — together with turning their many failure modes into one
+`UserError` line.
+
+The data folder holds downloads, the `datasets` cache of hub datasets, and prepared bins:
+`data/cache/` next to this file (git-ignored), or `$ATTNGPT_DATA_DIR` when that is set.
+
+Two shapes of corpus:
+- "text" (source tinyshakespeare or text): the files read as ONE continuous text, as `cat` would join them.
+  Rows are lines with their line breaks kept (universal newlines: \\r\\n becomes \\n), so joining rows gives
+  back the text exactly.
+- "documents" (source hub): every row of `text_column` is one document. Empty (or null) rows are skipped.
+  Example (needs the network once; cached in the data folder afterwards):
+      data: {source: hub, name: roneneldan/TinyStories, text_column: text, tokenizer: gpt2}
+  and for corpora larger than disk or RAM add `streaming: true` (and perhaps `max_docs: 1000000`).
+
+Text that is not UTF-8 is refused, never silently repaired: the error names the file and the byte offset,
+and the fix is one `iconv` away. (Replacing bytes with U+FFFD would train the model on corruption.)
+"""
+from __future__ import annotations
+
+import codecs
+import glob
+import hashlib
+import json
+import os
+import re
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Literal
+
+from tqdm import tqdm
+
+from common.errors import UserError
+from data.config import DataConfig
+
+DATA_DIR_ENV = "ATTNGPT_DATA_DIR"
+TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+# `datasets` builders that read local files given in data_files (their sizes/mtimes go in the fingerprint)
+LOCAL_BUILDERS = ("parquet", "json", "csv", "text", "arrow")
+
+
+def data_dir() -> Path:
+    """The data folder: $ATTNGPT_DATA_DIR when set, else data/cache/ beside this package."""
+    env = os.environ.get(DATA_DIR_ENV, "").strip()
+    return Path(env).expanduser().resolve() if env else Path(__file__).resolve().parent / "cache"
+
+
+def tinyshakespeare_path() -> Path:
+    return data_dir() / "tinyshakespeare" / "input.txt"
+
+
+def ensure_tinyshakespeare(quiet: bool = False) -> Path:
+    """The tinyshakespeare text file, downloaded into the data folder the first time it is needed."""
+    target = tinyshakespeare_path()
+    if target.is_file():
+        return target
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with urllib.request.urlopen(TINYSHAKESPEARE_URL, timeout=30) as response, open(tmp, "wb") as out:
+            total = int(response.headers.get("Content-Length") or 0) or None
+            with tqdm(total=total, unit="B", unit_scale=True, desc="download tinyshakespeare", disable=quiet) as bar:
+                while chunk := response.read(1 << 16):
+                    out.write(chunk)
+                    bar.update(len(chunk))
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, target)  # the file appears whole or not at all
+    except (OSError, ValueError) as e:  # URLError, timeouts and disk errors are all OSErrors
+        tmp.unlink(missing_ok=True)
+        reason = getattr(e, "reason", None) or e
+        raise UserError(f"cannot download tinyshakespeare ({reason}): save {TINYSHAKESPEARE_URL} as {target}, "
+                        f"or set {DATA_DIR_ENV} to a folder that holds tinyshakespeare/input.txt") from None
+    return target
+
+
+def list_text_files(paths: list[str]) -> list[Path]:
+    """Files named by `data.path`: each file as given, each folder as its non-hidden files in sorted order."""
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw).expanduser()
+        if path.is_file():
+            files.append(path.resolve())
+        elif path.is_dir():
+            found = sorted(f for f in path.rglob("*")
+                           if f.is_file() and not any(part.startswith(".") for part in f.relative_to(path).parts))
+            if not found:
+                raise UserError(f"folder '{raw}' holds no files: put text files in it, or point data.path at a file")
+            files.extend(f.resolve() for f in found)
+        else:
+            raise UserError(f"data.path '{raw}' does not exist: point it at a text file, a folder of text files, "
+                            f"or a list of files (relative paths start from {Path.cwd()})")
+    return files
+
+
+@dataclass
+class Corpus:
+    """A resolved source: what to load, how to describe it, and what identifies its content."""
+
+    kind: Literal["text", "documents"]
+    label: str  # short name for the prepared folder, e.g. "tinyshakespeare"
+    description: str  # one line for meta.json and messages
+    identity: dict[str, Any]  # JSON: which corpus this is (goes into the folder name and the fingerprint)
+    file_stats: list[list[Any]] = field(default_factory=list)  # [path, size, mtime_ns] of local files
+    load_kwargs: dict[str, Any] = field(default_factory=dict)  # for datasets.load_dataset
+    local_files: list[Path] = field(default_factory=list)  # for UTF-8 diagnosis
+    remote: bool = False  # a hub dataset: its download cache is kept in the data folder
+    text_column: str = "text"
+    streaming: bool = False
+    max_docs: int | None = None
+
+
+def _stats(files: list[Path]) -> list[list[Any]]:
+    out = []
+    for f in files:
+        st = f.stat()
+        out.append([str(f), st.st_size, st.st_mtime_ns])
+    return out
+
+
+def slugify(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._-")[:40] or "corpus"
+
+
+def resolve_corpus(cfg: DataConfig, quiet: bool = False) -> Corpus:
+    """Check that the source exists and describe it, without reading it (downloads tinyshakespeare if absent)."""
+    if cfg.source == "tinyshakespeare":
+        path = ensure_tinyshakespeare(quiet)
+        return Corpus(kind="text", label="tinyshakespeare", description=f"tinyshakespeare ({path})",
+                      identity={"source": "tinyshakespeare"}, file_stats=_stats([path]),
+                      load_kwargs=_text_load_kwargs([path]), local_files=[path], streaming=cfg.streaming)
+    if cfg.source == "text":
+        files = list_text_files(cfg.text_paths())
+        if sum(f.stat().st_size for f in files) == 0:
+            raise UserError(f"the corpus in data.path {cfg.path!r} is empty (all {len(files)} file(s) have 0 bytes): "
+                            f"point data.path at text files with content")
+        first = Path(cfg.text_paths()[0])
+        where = f"{files[0]}" if len(files) == 1 else f"{len(files)} files from {first.resolve()}"
+        return Corpus(kind="text", label=slugify(first.stem or first.name), description=f"text: {where}",
+                      identity={"source": "text", "files": [str(f) for f in files]}, file_stats=_stats(files),
+                      load_kwargs=_text_load_kwargs(files), local_files=files, streaming=cfg.streaming)
+    return _resolve_hub(cfg)
+
+
+def _text_load_kwargs(files: list[Path]) -> dict[str, Any]:
+    return {"path": "text", "data_files": [str(f) for f in files], "split": "train", "keep_linebreaks": True}
+
+
+def _resolve_hub(cfg: DataConfig) -> Corpus:
+    name = str(cfg.name)
+    data_files = cfg.data_file_list()
+    local_files: list[Path] = []
+    if name in LOCAL_BUILDERS:
+        if not data_files:
+            raise UserError(f"data.name '{name}' reads local files: set data.data_files to a file, a glob or a list")
+        for pattern in data_files:
+            if "://" in pattern:
+                continue
+            matches = [Path(m) for m in sorted(glob.glob(os.path.expanduser(pattern), recursive=True))]
+            if not any(m.is_file() for m in matches):
+                raise UserError(f"data.data_files '{pattern}' matches no file: give existing {name} file(s) "
+                                f"(relative paths start from {Path.cwd()})")
+            local_files.extend(m.resolve() for m in matches if m.is_file())
+        data_files = [p if "://" in p else str(Path(p).expanduser().resolve()) for p in data_files]
+    elif Path(name).expanduser().is_dir():  # a local dataset folder
+        local_files = sorted(f.resolve() for f in Path(name).expanduser().rglob("*") if f.is_file())
+        name = str(Path(name).expanduser().resolve())
+    remote = name not in LOCAL_BUILDERS and not Path(name).is_dir()
+    identity = {"source": "hub", "name": name, "config_name": cfg.config_name, "data_files": data_files,
+                "split": cfg.split, "text_column": cfg.text_column, "max_docs": cfg.max_docs}
+    load_kwargs: dict[str, Any] = {"path": name, "name": cfg.config_name, "split": cfg.split}
+    if data_files:
+        load_kwargs["data_files"] = data_files
+    label = name if name not in LOCAL_BUILDERS else f"{name}-{Path(data_files[0]).stem}"  # type: ignore[index]
+    files = None
+    if data_files:
+        files = data_files[0] if len(data_files) == 1 else f"{data_files[0]} and {len(data_files) - 1} more"
+    where = ", ".join(f"{k} {v}" for k, v in (("files", files), ("config", cfg.config_name), ("split", cfg.split),
+                                               ("column", cfg.text_column)) if v)
+    return Corpus(kind="documents", label=slugify(label.rstrip("/").split("/")[-1]),
+                  description=f"hub: {name} ({where})", identity=identity, file_stats=_stats(local_files),
+                  load_kwargs=load_kwargs, local_files=local_files, remote=remote, text_column=cfg.text_column,
+                  streaming=cfg.streaming, max_docs=cfg.max_docs)
+
+
+def content_hash(obj: Any) -> str:
+    """sha256 of a JSON-able object (stable key order)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# --- loading through `datasets` ---------------------------------------------------------------------------
+
+def load_rows(corpus: Corpus, cache_dir: Path) -> Any:
+    """The corpus as a `datasets` Dataset (or IterableDataset when streaming) with one string column "text"."""
+    import datasets
+
+    kwargs = dict(corpus.load_kwargs, cache_dir=str(cache_dir), streaming=corpus.streaming)
+    if corpus.kind == "text":
+        kwargs["features"] = datasets.Features({"text": datasets.Value("string")})
+    with load_errors(corpus):
+        rows = datasets.load_dataset(**kwargs)
+        if isinstance(rows, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+            raise UserError(f"{corpus.description} gave several splits ({', '.join(rows)}): set data.split to one")
+        columns = _column_names(rows)
+    column = corpus.text_column
+    if column not in columns:
+        raise UserError(f"{corpus.description} has no column '{column}' (columns: {', '.join(columns) or 'none'}): "
+                        f"set data.text_column to the one that holds the text")
+    feature = (rows.features or {}).get(column)
+    if feature is not None and getattr(feature, "dtype", None) not in ("string", "large_string"):
+        raise UserError(f"column '{column}' of {corpus.description} holds {feature}, not text: "
+                        f"set data.text_column to a string column")
+    rows = rows.select_columns([column])
+    if column != "text":
+        rows = rows.rename_column(column, "text")
+    if corpus.max_docs is not None:
+        rows = rows.take(corpus.max_docs) if corpus.streaming else rows.select(range(min(corpus.max_docs, len(rows))))
+    return rows
+
+
+def _column_names(rows: Any) -> list[str]:
+    if rows.column_names is not None:
+        return list(rows.column_names)
+    first = next(iter(rows), None)  # a stream whose features are unknown until read
+    return list(first) if first is not None else []
+
+
+def _error_chain(e: BaseException) -> list[BaseException]:
+    chain: list[BaseException] = []
+    while e is not None and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or e.__context__  # type: ignore[assignment]
+    return chain
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    text = f"{type(e).__name__}: {text}" if text else type(e).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+@contextmanager
+def load_errors(corpus: Corpus) -> Iterator[None]:
+    """Loading a dataset is all user input (names, files, network): every failure becomes one line."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as e:
+        raise _as_user_error(e, corpus) from None
+
+
+@contextmanager
+def read_errors(corpus: Corpus) -> Iterator[None]:
+    """While reading rows: only undecodable bytes and I/O or network failures are the user's to fix."""
+    try:
+        yield
+    except Exception as e:
+        chain = _error_chain(e)
+        if any(isinstance(x, (UnicodeDecodeError, OSError)) for x in chain):
+            raise _as_user_error(e, corpus) from None
+        raise
+
+
+def _as_user_error(e: BaseException, corpus: Corpus) -> UserError:
+    chain = _error_chain(e)
+    if any(isinstance(x, UnicodeDecodeError) for x in chain):
+        bad = first_invalid_utf8(corpus.local_files) if corpus.kind == "text" else None
+        if bad is not None:
+            path, offset, byte = bad
+            return UserError(f"file '{path}' is not UTF-8 text (byte 0x{byte:02x} at offset {offset}): convert it, "
+                             f"e.g. iconv -f latin1 -t utf-8 '{path}' > fixed.txt")
+        return UserError(f"{corpus.description} holds text that is not UTF-8 ({_first_line(e)}): convert it to UTF-8")
+    innermost = chain[-1]
+    if corpus.remote and any(isinstance(x, (ConnectionError, OSError)) for x in chain):
+        return UserError(f"cannot load {corpus.description}: {_first_line(e)}; check the dataset name, the network, "
+                         f"and HF_DATASETS_OFFLINE/HF_HUB_OFFLINE (a dataset must be downloaded once while online)")
+    return UserError(f"cannot load {corpus.description}: {_first_line(innermost)}")
+
+
+def first_invalid_utf8(files: list[Path], chunk_bytes: int = 1 << 20) -> tuple[Path, int, int] | None:
+    """(file, byte offset, byte value) of the first byte that is not valid UTF-8, or None; reads in chunks."""
+    for path in files:
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        offset = 0  # bytes of this file already passed to the decoder
+        with open(path, "rb") as f:
+            while True:
+                chunk = f.read(chunk_bytes)
+                pending = len(decoder.getstate()[0])
+                try:
+                    decoder.decode(chunk, final=not chunk)
+                except UnicodeDecodeError as e:
+                    where = offset - pending + e.start
+                    return path, where, e.object[e.start]
+                if not chunk:
+                    break
+                offset += len(chunk)
+    return None
