@@ -18,12 +18,12 @@ import yaml
 from common.errors import UserError
 
 
-def closest(name: str, choices: list[str]) -> str:
-    """' (did you mean 'x'?)' for the nearest valid name, or '' when nothing is close."""
+def closest(name: str, choices: list[str], prefix: str = "") -> str:
+    """' (did you mean 'prefix.x'?)' for the nearest valid name, else the list of valid names."""
     match = difflib.get_close_matches(name, choices, n=1, cutoff=0.5)
     if match:
-        return f" (did you mean '{match[0]}'?)"
-    return f" (valid keys: {', '.join(sorted(choices))})"
+        return f" (did you mean '{prefix}{match[0]}'?)"
+    return f" (valid keys: {', '.join(prefix + c for c in sorted(choices))})"
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
@@ -105,7 +105,7 @@ def from_dict(cls: type, raw: Any, where: str = "") -> Any:
     kwargs = {}
     for key, value in raw.items():
         if not isinstance(key, str) or key not in fields:
-            raise UserError(f"unknown config key '{where}{key}'{closest(str(key), list(fields))}")
+            raise UserError(f"unknown config key '{where}{key}'{closest(str(key), list(fields), where)}")
         kwargs[key] = coerce(hints[key], value, f"{where}{key}")
     try:
         return cls(**kwargs)

@@ -17,10 +17,15 @@ class UserError(Exception):
 
 
 @contextmanager
-def user_errors_exit(prog: str) -> Iterator[None]:
-    """Turn a `UserError` (and Ctrl-C outside training) into one line on stderr and exit status 2."""
+def user_errors_exit(prog: str, also: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+    """Turn a `UserError` (or one of `also`, e.g. model.checkpoint.CheckpointError) into one line on
+    stderr, 'prog: error: ...', and exit status 2. Ctrl-C outside a training loop exits 130 quietly."""
     try:
         yield
-    except UserError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+    except (UserError, *also) as e:
+        message = " ".join(str(e).split("\n"))
+        print(f"{prog}: error: {message}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        sys.exit(130)

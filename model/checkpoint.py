@@ -1,0 +1,99 @@
+"""A model on disk: `model.safetensors` (weights) + `config.json` (ModelConfig and whatever the caller adds,
+e.g. the tokenizer). Everything sampling needs, and nothing that runs code when read: safetensors and
+JSON are data formats, unlike pickle.
+
+Writing is not atomic here: callers write into a fresh folder and rename it (training/checkpoint.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from model.config import ModelConfig
+from model.gpt import GPT
+
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: missing, corrupted, or of another shape. The message says which."""
+
+
+def _weights_to_save(model: GPT) -> dict[str, torch.Tensor]:
+    state = model.state_dict()
+    if model.config.tie_embeddings:
+        state.pop("lm_head.weight")  # the same tensor as tok_emb.weight; safetensors refuses shared storage
+    return {name: tensor.detach().contiguous() for name, tensor in state.items()}
+
+
+def save_model(model: GPT, directory: str | Path, extra: dict[str, Any] | None = None) -> None:
+    """Write weights and config into `directory` (created if needed), fsyncing both files."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(_weights_to_save(model), str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+    payload = {"model": model.config.to_dict(), **(extra or {})}
+    (directory / CONFIG_FILE).write_text(json.dumps(payload, indent=2))
+    for name in (WEIGHTS_FILE, CONFIG_FILE):
+        fsync_file(directory / name)
+
+
+def read_config(directory: str | Path) -> dict[str, Any]:
+    path = Path(directory) / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(f"no {CONFIG_FILE} in '{directory}': not a checkpoint folder")
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+        ModelConfig.from_dict(payload["model"])
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"'{path}' is corrupted or not an attngpt config ({type(e).__name__}: {e})") from None
+    return payload
+
+
+def load_model(directory: str | Path, device: torch.device | str = "cpu") -> tuple[GPT, dict[str, Any]]:
+    """Rebuild the GPT saved in `directory`. Returns (model in eval mode, the config.json payload).
+    Missing, truncated or corrupted files and weights of another shape raise CheckpointError."""
+    directory = Path(directory)
+    payload = read_config(directory)
+    model = GPT(ModelConfig.from_dict(payload["model"]))
+    load_weights(model, directory / WEIGHTS_FILE)
+    return model.to(device).eval(), payload
+
+
+def load_weights(model: GPT, path: str | Path) -> None:
+    """Load safetensors weights into `model`, checking every name and shape first."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no weights file '{path}'")
+    try:
+        state = load_file(str(path))
+    except Exception as e:  # safetensors raises several types for a bad header or a short file
+        raise CheckpointError(f"weights file '{path}' is corrupted or truncated ({type(e).__name__}: {e})") from None
+    expected = {name: t.shape for name, t in _weights_to_save(model).items()}
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    wrong_shape = [f"{n} {tuple(state[n].shape)} vs model {tuple(expected[n])}"
+                   for n in expected if n in state and state[n].shape != expected[n]]
+    if missing or unexpected or wrong_shape:
+        details = "; ".join(filter(None, [
+            f"missing {', '.join(missing[:3])}" if missing else "",
+            f"unexpected {', '.join(unexpected[:3])}" if unexpected else "",
+            f"shape {', '.join(wrong_shape[:3])}" if wrong_shape else ""]))
+        raise CheckpointError(f"weights in '{path}' do not match the model in its config.json: {details}")
+    bad = [name for name, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if bad:
+        raise CheckpointError(f"weights in '{path}' hold NaN or inf values (e.g. {bad[0]})")
+    model.load_state_dict(state, strict=False)  # strict=False only for the tied lm_head, checked above
+
+
+def fsync_file(path: str | Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,96 @@
+"""Autoregressive sampling, through the KV cache or (the reference) by recomputing the window.
+
+The window: the model sees at most block_size tokens. When the next token would not fit, the window
+slides: it keeps its last block_size // 2 tokens, which are prefilled again at positions 0.. (so learned
+positions and RoPE stay within what the model was trained on), and generation continues from there.
+Both paths follow exactly this policy, so with the same seed they produce the same tokens.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from model.gpt import GPT
+
+
+def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw one token per row of logits (B, vocab) -> (B,).
+
+    temperature 0 is greedy (argmax). top_k keeps exactly the k highest logits (ties broken by index);
+    top_p keeps the smallest set of most likely tokens whose probability reaches top_p (nucleus).
+    """
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        values, indices = torch.topk(logits, top_k, dim=-1)
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, indices, values)
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # probability of the tokens ranked above
+        sorted_logits = sorted_logits.masked_fill(mass_before >= top_p, float("-inf"))  # the first always stays
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(
+    model: GPT,
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+    use_kv_cache: bool = True,
+    stop_token: int | None = None,
+    on_token: Callable[[torch.Tensor], None] | None = None,
+) -> torch.Tensor:
+    """Continue prompt (B, T0) by up to max_new_tokens tokens; returns (B, T0' + n) where T0' <= block_size
+    (a longer prompt keeps its last block_size tokens). Stops early once every row has produced
+    stop_token (rows that stopped earlier keep producing tokens the caller should cut at stop_token).
+    on_token receives each new column (B,) as soon as it is drawn (for streaming)."""
+    block_size = model.config.block_size
+    keep = max(1, block_size // 2)
+    prompt = prompt[:, -block_size:]
+    B = prompt.shape[0]
+    device = prompt.device
+    was_training = model.training
+    model.eval()
+    out = [prompt]
+    window = prompt  # (B, n): the tokens the model currently sees
+    finished = torch.zeros(B, dtype=torch.bool, device=device)
+    try:
+        if use_kv_cache:
+            model.setup_kv_cache(B, block_size, dtype=model.tok_emb.weight.dtype, device=device)
+            logits, _ = model(window, input_pos=torch.arange(window.shape[1], device=device))
+        else:
+            logits, _ = model(window)
+        for _ in range(max_new_tokens):
+            token = sample_next(logits[:, -1], temperature, top_k, top_p, generator)  # (B,)
+            out.append(token[:, None])
+            if on_token is not None:
+                on_token(token)
+            if stop_token is not None:
+                finished |= token == stop_token
+                if bool(finished.all()):
+                    break
+            n = window.shape[1]
+            window = torch.cat([window, token[:, None]], dim=1)
+            if n == block_size:  # no room for the new token: slide, keep the last `keep` tokens
+                window = window[:, -keep:]
+                positions = torch.arange(keep, device=device)
+                logits, _ = model(window, input_pos=positions) if use_kv_cache else model(window)
+            elif use_kv_cache:
+                logits, _ = model(token[:, None], input_pos=torch.tensor([n], device=device))
+            else:
+                logits, _ = model(window)
+    finally:
+        if use_kv_cache:
+            model.clear_kv_cache()
+        model.train(was_training)
+    return torch.cat(out, dim=1)

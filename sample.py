@@ -1,0 +1,192 @@
+"""Generate text from a trained checkpoint, and dump its attention maps over the prompt.
+
+    python sample.py --prompt "ROMEO:"                       # the checkpoint of configs/small.yaml
+    python sample.py --ckpt runs/x --prompt-file p.txt --num-samples 3 --temperature 0.8 --top-p 0.9
+    python sample.py --prompt "To be, or not" --dump-attn all   # attn.npz + a heatmap per layer
+
+Loading reads only safetensors and JSON: nothing from the checkpoint is unpickled or executed.
+Decisions: an empty prompt starts from a newline (char) or <|endoftext|> (BPE); characters that a
+char-level vocabulary lacks are refused, naming them; a prompt longer than block_size keeps its last
+block_size tokens, with a warning.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from common.errors import UserError, user_errors_exit
+from model.checkpoint import CheckpointError
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "small.yaml"
+
+
+def default_checkpoint() -> Path:
+    """small.yaml's out_dir: `python sample.py` works right after `python train.py configs/small.yaml`."""
+    import yaml
+    try:
+        return Path(yaml.safe_load(DEFAULT_CONFIG.read_text())["out_dir"])
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        return Path("runs/small")
+
+
+def resolve_checkpoint(path: Path) -> Path:
+    """A checkpoint folder itself, or a run's out_dir (its best/, else latest/)."""
+    from training.checkpoint import BEST, LATEST, checkpoint_dir
+    if (path / "config.json").is_file():
+        return path
+    for name in (BEST, LATEST):
+        found = checkpoint_dir(path, name) if path.is_dir() else None
+        if found is not None:
+            return found
+    raise UserError(f"no checkpoint at '{path}': train one with `python train.py configs/small.yaml`, "
+                    f"or pass --ckpt with a run's out_dir")
+
+
+def positive_or_none(value: float | None, name: str, low: float, high: float | None = None) -> None:
+    if value is None:
+        return
+    if value < low or (high is not None and value > high):
+        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise UserError(f"{name} must be {bound}, got {value}")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="sample.py", description="Sample from a trained attngpt checkpoint.")
+    p.add_argument("--ckpt", type=Path, default=None, help="a run's out_dir or a checkpoint folder "
+                                                             "(default: configs/small.yaml's out_dir)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", default="", help="text to continue (default: empty, see module doc)")
+    src.add_argument("--prompt-file", type=Path, help="read the prompt from this UTF-8 file")
+    p.add_argument("--num-samples", type=int, default=1, help="samples drawn in one batch")
+    p.add_argument("--max-new-tokens", type=int, default=500)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus: the smallest set with this much mass")
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--no-kv-cache", action="store_true", help="recompute the whole window at every step")
+    p.add_argument("--dump-attn", metavar="SPEC", help="attention maps over the prompt: all | 0,2 | 1:3,0:1")
+    p.add_argument("--dump-dir", type=Path, help="where --dump-attn writes (default: <ckpt>/attn/)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    with user_errors_exit("sample.py", also=(CheckpointError,)):
+        return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    from data.tokenizer import tokenizer_from_json
+    from model.attention_maps import dump_attention, parse_layer_heads
+    from model.checkpoint import load_model
+    from model.generate import generate
+    from training.runtime import resolve_device
+
+    positive_or_none(args.temperature, "--temperature", 0.0)
+    positive_or_none(args.top_k, "--top-k", 1)
+    if args.top_p is not None and not 0.0 < args.top_p <= 1.0:
+        raise UserError(f"--top-p must be in (0, 1], got {args.top_p}")
+    positive_or_none(args.max_new_tokens, "--max-new-tokens", 0)
+    positive_or_none(args.num_samples, "--num-samples", 1)
+
+    ckpt = resolve_checkpoint(args.ckpt or default_checkpoint())
+    device = resolve_device(args.device)
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    if dtype == torch.float16 and device.type == "cpu":
+        raise UserError("--dtype float16 is slow or unsupported on CPU: use bfloat16 or float32")
+    model, payload = load_model(ckpt, device=device)
+    model = model.to(dtype)
+    tokenizer = tokenizer_from_json(payload.get("tokenizer"))
+    cfg = model.config
+
+    if args.prompt_file is not None:
+        try:
+            prompt = args.prompt_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"cannot read --prompt-file '{args.prompt_file}': {e}") from None
+    else:
+        prompt = args.prompt
+    ids = tokenizer.prompt_ids(prompt)
+    if len(ids) > cfg.block_size:
+        print(f"warning: the prompt has {len(ids)} tokens; the model sees at most block_size={cfg.block_size}, "
+              f"so only its last {cfg.block_size} are used", file=sys.stderr)
+        ids = ids[-cfg.block_size:]
+    idx = torch.tensor([ids], dtype=torch.long, device=device)
+
+    if args.dump_attn:
+        try:
+            heads = parse_layer_heads(args.dump_attn, cfg.n_layer, cfg.n_head)
+        except ValueError as e:
+            raise UserError(f"--dump-attn: {e}") from None
+        maps = model.attention_maps(idx, layers=sorted(heads))
+        out_dir = args.dump_dir or (ckpt / "attn")
+        written = dump_attention({layer: w[0] for layer, w in maps.items()}, heads,
+                                 tokenizer.token_strings(ids), out_dir)
+        print(f"attention maps of layers {', '.join(map(str, sorted(heads)))} over {len(ids)} prompt tokens: "
+              f"{', '.join(str(p) for p in written)}", file=sys.stderr)
+
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    batch = idx.expand(args.num_samples, -1)
+    stream = StreamPrinter(tokenizer, prompt_ids=ids) if args.num_samples == 1 else None
+    t0 = time.perf_counter()
+    out = generate(model, batch, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                   top_p=args.top_p, generator=generator, use_kv_cache=not args.no_kv_cache,
+                   stop_token=tokenizer.eot, on_token=stream.push if stream else None)
+    elapsed = time.perf_counter() - t0
+    new_tokens = out.shape[1] - len(ids)
+    if stream:
+        stream.finish()
+    else:
+        for i, row in enumerate(out.tolist()):
+            generated = row[len(ids):]
+            if tokenizer.eot is not None and tokenizer.eot in generated:
+                generated = generated[:generated.index(tokenizer.eot)]
+            print(f"--- sample {i + 1}\n{tokenizer.decode(ids + generated)}")
+    print(f"[{new_tokens} tokens x {args.num_samples} in {elapsed:.2f}s: "
+          f"{new_tokens * args.num_samples / max(elapsed, 1e-9):.1f} tokens/s, "
+          f"{'no KV cache' if args.no_kv_cache else 'KV cache'}, {ckpt}]", file=sys.stderr)
+    return 0
+
+
+class StreamPrinter:
+    """Prints a single sample as it is generated. Text is decoded from all tokens so far and only the
+    new suffix is printed, holding back an incomplete UTF-8 character (a BPE token can end mid-char)."""
+
+    def __init__(self, tokenizer, prompt_ids: list[int]):
+        self.tokenizer = tokenizer
+        self.ids = list(prompt_ids)
+        self.n_prompt = len(prompt_ids)
+        self.printed = 0
+        self.stopped = False
+        sys.stdout.write(tokenizer.decode(self.ids))
+        self.printed = len(tokenizer.decode(self.ids))
+        sys.stdout.flush()
+
+    def push(self, token) -> None:
+        if self.stopped:
+            return
+        token = int(token[0])
+        if token == self.tokenizer.eot:
+            self.stopped = True
+            return
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return  # maybe half a character: wait for the next token
+        sys.stdout.write(text[self.printed:])
+        sys.stdout.flush()
+        self.printed = len(text)
+
+    def finish(self) -> None:
+        text = self.tokenizer.decode(self.ids)
+        sys.stdout.write(text[self.printed:] + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""Shared by the training, sampling and reliability tests: tiny run configs on tinyshakespeare."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "configs" / "tiny.yaml"
+SHAKESPEARE_SOURCES = [REPO / "data" / "cache" / "tinyshakespeare" / "input.txt",
+                       REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"]
+
+
+def shakespeare_data_dir(root: Path) -> Path:
+    """A data folder holding tinyshakespeare/input.txt (the test skips when no copy is on this machine)."""
+    target = root / "tinyshakespeare" / "input.txt"
+    if not target.is_file():
+        source = next((p for p in SHAKESPEARE_SOURCES if p.is_file()), None)
+        if source is None:
+            pytest.skip("tinyshakespeare input.txt is not on this machine (bash .ci/run places it)")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(source, target)
+    return root
+
+
+def run_cli(args: list[str], env_extra: dict[str, str] | None = None, timeout: float = 180,
+            **kwargs) -> subprocess.CompletedProcess:
+    """Run a project command line (`train.py`, `sample.py`, `-m data.prepare`) like a user would."""
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1", **(env_extra or {})}
+    return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout, **kwargs)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, prog: str, *fragments: str) -> None:
+    """Exit status 2, one line on stderr starting with 'prog: error:', no traceback."""
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error:"), proc.stderr[-2000:]
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])

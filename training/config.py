@@ -1,0 +1,145 @@
+"""The run config: one YAML file, sections mapped onto dataclasses, dotted overrides on the command line.
+
+    out_dir, seed, device, dtype      top level
+    model:  ModelConfig               (model/config.py; vocab_size comes from the tokenizer unless set)
+    data:   DataConfig                (data/config.py)
+    train:  TrainConfig    eval: EvalConfig    wandb: WandbConfig    attn: AttnConfig
+
+`load_run_config(path, overrides)` validates everything and raises `UserError` with one clear line.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from common.config_io import apply_overrides, from_dict, load_yaml, to_dict
+from data.config import DataConfig
+from model.config import ModelConfig
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = 32  # sequences per micro-batch, per process
+    grad_accum: int = 1  # micro-batches per optimizer step, per process; global batch = batch_size*grad_accum*world_size
+    max_iters: int = 2000  # optimizer steps in the whole run (a resumed run continues up to it)
+    optimizer: Literal["adamw", "muon"] = "adamw"  # muon: Muon on 2-D hidden weights, AdamW on the rest
+    lr: float = 1e-3  # peak learning rate (AdamW)
+    min_lr: float | None = None  # end of the cosine decay; None -> lr / 10 (Chinchilla)
+    warmup_iters: int = 100  # linear warmup from lr/warmup_iters (never 0) to lr
+    lr_decay_iters: int | None = None  # cosine decay ends here; None -> max_iters
+    weight_decay: float = 0.1  # on 2-D weights (matmuls, embeddings) only; never on norms and biases
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # clip the global gradient norm to this; 0 turns clipping off
+    muon_lr: float = 0.02  # Muon's learning rate (it normalises updates, so it lives on another scale)
+    muon_momentum: float = 0.95
+    compile: bool = False  # torch.compile the model (worth it on GPUs; on a small CPU model it costs more than it saves)
+    resume: Literal["auto", "never"] = "auto"  # auto: continue from out_dir/latest if present; never: refuse a used out_dir
+    log_interval: int = 10  # steps between progress-bar/W&B scalar updates
+    nonfinite: Literal["stop", "skip"] = "stop"  # a NaN/inf loss or gradient: stop the run, or skip the step and count it
+    peak_flops: float | None = None  # device peak FLOP/s for MFU; None -> measured at start with a large matmul
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "grad_accum", "max_iters", "log_interval"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
+        for name in ("lr", "muon_lr"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}={getattr(self, name)}: must be > 0")
+        if self.min_lr is not None and not 0 <= self.min_lr <= self.lr:
+            raise ValueError(f"min_lr={self.min_lr}: must be in [0, lr={self.lr}]")
+        if self.warmup_iters < 0:
+            raise ValueError(f"warmup_iters={self.warmup_iters}: must be >= 0")
+        if self.lr_decay_iters is not None and self.lr_decay_iters < 1:
+            raise ValueError(f"lr_decay_iters={self.lr_decay_iters}: must be >= 1")
+        if self.weight_decay < 0 or self.grad_clip < 0:
+            raise ValueError("weight_decay and grad_clip must be >= 0")
+        for name in ("beta1", "beta2", "muon_momentum"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)}: must be in [0, 1)")
+        if self.peak_flops is not None and not self.peak_flops > 0:
+            raise ValueError(f"peak_flops={self.peak_flops}: must be > 0 (or null to measure it)")
+
+
+@dataclass
+class EvalConfig:
+    interval: int = 250  # steps between evaluations (and checkpoints); the last step always evaluates
+    iters: int = 50  # batches averaged per split; the same batches at every eval, so evals compare fairly
+    batch_size: int | None = None  # None -> train.batch_size
+
+    def __post_init__(self) -> None:
+        if self.interval < 1:
+            raise ValueError(f"interval={self.interval}: must be >= 1")
+        if self.iters < 1:
+            raise ValueError(f"iters={self.iters}: must be >= 1")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"batch_size={self.batch_size}: must be >= 1")
+
+
+@dataclass
+class WandbConfig:
+    mode: Literal["auto", "online", "offline", "disabled"] = "auto"  # auto: online with credentials, else offline
+    project: str = "attngpt"
+    entity: str | None = None
+    run_name: str | None = None  # None -> the out_dir's name
+    attn_interval: int | None = None  # steps between attention snapshots; None -> every eval
+
+
+@dataclass
+class AttnConfig:
+    enabled: bool = True  # log attention heatmaps and per-head statistics while training
+    layers: list[int] | None = None  # layers drawn as heatmaps; None -> first, middle and last
+    probe_text: str | None = None  # the text attention is shown on; None -> the first block_size tokens of val
+
+    def __post_init__(self) -> None:
+        if self.layers is not None and any(layer < 0 for layer in self.layers):
+            raise ValueError(f"layers={self.layers}: layer indices must be >= 0")
+
+
+@dataclass
+class RunConfig:
+    out_dir: str = "runs/default"  # checkpoints, the resolved config, attention snapshots, W&B files
+    seed: int = 1337
+    device: str = "auto"  # auto (cuda > mps > cpu), cpu, cuda, cuda:N, mps
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bfloat16 on a GPU that has it, else float32
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    attn: AttnConfig = field(default_factory=AttnConfig)
+    # set by load_run_config: True when the YAML leaves model.vocab_size to the tokenizer
+    vocab_size_from_tokenizer: bool = field(default=True, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.attn.layers is not None:
+            too_deep = [layer for layer in self.attn.layers if layer >= self.model.n_layer]
+            if too_deep:
+                raise ValueError(f"attn.layers={self.attn.layers}: the model has layers 0..{self.model.n_layer - 1}")
+        if self.eval.iters < 1:
+            raise ValueError("eval.iters must be >= 1")
+
+
+def load_run_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """YAML + overrides -> RunConfig. model.vocab_size is taken from the tokenizer unless the YAML sets it."""
+    raw = apply_overrides(load_yaml(path), overrides or [])
+    model_raw = raw.get("model")
+    explicit_vocab = isinstance(model_raw, dict) and model_raw.get("vocab_size") is not None
+    config = from_dict(RunConfig, raw)
+    config.vocab_size_from_tokenizer = not explicit_vocab
+    return config
+
+
+def config_to_yaml(config: RunConfig) -> str:
+    d = to_dict(config)
+    d.pop("vocab_size_from_tokenizer", None)
+    return yaml.safe_dump(d, sort_keys=False)
+
+
+def config_as_dict(config: RunConfig) -> dict[str, Any]:
+    d = to_dict(config)
+    d.pop("vocab_size_from_tokenizer", None)
+    return d

@@ -1,0 +1,117 @@
+"""What the user sees and what stays on disk: a tqdm bar, eval lines, Weights & Biases, metrics.jsonl.
+
+W&B is optional at run time: `wandb.mode` online | offline | disabled, or auto (online when credentials
+exist, else offline with a line on how to `wandb sync`). Never an interactive prompt. When the wandb
+package is missing (some GPU images lack it) the run goes on with a warning.
+"""
+from __future__ import annotations
+
+import json
+import netrc
+import os
+import secrets
+import sys
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from training.config import RunConfig, config_as_dict
+
+
+def wandb_credentials_present() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        return netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
+
+
+def resolve_wandb_mode(mode: str) -> str:
+    if mode != "auto":
+        return mode
+    env_mode = os.environ.get("WANDB_MODE")
+    if env_mode in ("online", "offline", "disabled"):
+        return env_mode
+    return "online" if wandb_credentials_present() else "offline"
+
+
+class RunLogger:
+    """Only the main process logs; the others get a logger that does nothing."""
+
+    def __init__(self, cfg: RunConfig, is_main: bool, start_step: int, resumed: bool):
+        self.enabled = is_main
+        self.out_dir = Path(cfg.out_dir)
+        self.wandb = None
+        self.bar = None
+        if not is_main:
+            return
+        self.metrics_file = open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8")
+        mode = resolve_wandb_mode(cfg.wandb.mode)
+        if mode != "disabled":
+            self.wandb = self._start_wandb(cfg, mode, resumed)
+        self.bar = tqdm(total=cfg.train.max_iters, initial=start_step, desc="train", unit="step",
+                        dynamic_ncols=True, file=sys.stderr, mininterval=0.5)
+
+    def _start_wandb(self, cfg: RunConfig, mode: str, resumed: bool):
+        try:
+            import wandb
+        except ImportError:
+            self.write("warning: wandb is not installed; logging to metrics.jsonl only (pip install wandb)")
+            return None
+        run_id_file = self.out_dir / "wandb_run_id.txt"
+        run_id = run_id_file.read_text().strip() if run_id_file.is_file() else None
+        if run_id is None:
+            run_id = secrets.token_hex(4)  # one W&B run per out_dir, resumed with it
+            run_id_file.write_text(run_id)
+        try:
+            run = wandb.init(project=cfg.wandb.project, entity=cfg.wandb.entity,
+                             name=cfg.wandb.run_name or self.out_dir.name, config=config_as_dict(cfg),
+                             dir=str(self.out_dir), mode=mode, id=run_id, resume="allow",
+                             settings=wandb.Settings(silent=True, console="off"))
+        except Exception as e:  # wandb's own errors (auth, network) must not kill the run
+            self.write(f"warning: wandb could not start ({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
+                       f"logging to metrics.jsonl only")
+            return None
+        if mode == "offline":
+            self.write(f"wandb: offline run in {run.dir.rsplit('/files', 1)[0]}; "
+                       f"upload it later with: wandb sync {self.out_dir / 'wandb'}/offline-run-*")
+        return run
+
+    # ----------------------------------------------------------------------------------------------
+    def write(self, line: str) -> None:
+        """A line that survives the progress bar."""
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr)
+
+    def record(self, step: int, values: dict[str, Any]) -> None:
+        """One line of metrics.jsonl (flushed: crash tests read it) and one W&B log call."""
+        if not self.enabled:
+            return
+        self.metrics_file.write(json.dumps({"step": step, **values}) + "\n")
+        self.metrics_file.flush()
+        if self.wandb is not None:
+            self.wandb.log(values, step=step)
+
+    def log_wandb(self, step: int, values: dict[str, Any]) -> None:
+        if self.enabled and self.wandb is not None:
+            self.wandb.log(values, step=step)
+
+    def progress(self, n: int, postfix: dict[str, str]) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix(postfix, refresh=False)
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.close()
+        self.metrics_file.close()
+        if self.wandb is not None:
+            self.wandb.finish()

@@ -1,0 +1,156 @@
+"""Where and how the run executes: device, precision, processes (DDP), seeds, and the device's peak FLOP/s."""
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from common.errors import UserError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class Runtime:
+    device: torch.device
+    autocast_dtype: torch.dtype | None  # None: plain float32; params always stay float32 (master weights)
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def device_type(self) -> str:
+        return self.device.type
+
+    @property
+    def ddp(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=self.autocast_dtype)
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' -> cuda > mps > cpu; an explicit device that this machine lacks is a UserError."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"device '{name}' is not a device name: use auto, cpu, cuda, cuda:N or mps") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"device '{name}' asked for, but this machine has no usable CUDA GPU: "
+                            f"use device=cpu (or device=auto)")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise UserError(f"device '{name}': this machine has {torch.cuda.device_count()} GPU(s)")
+    elif device.type == "mps":
+        if not (getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()):
+            raise UserError(f"device '{name}' asked for, but MPS is not available here: use device=cpu")
+    elif device.type != "cpu":
+        raise UserError(f"device '{name}' is not supported: use auto, cpu, cuda, cuda:N or mps")
+    return device
+
+
+def resolve_autocast(dtype: str, device: torch.device) -> torch.dtype | None:
+    if dtype == "auto":
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return None
+    if dtype == "float32":
+        return None
+    if dtype == "float16" and device.type != "cuda":
+        raise UserError(f"dtype float16 needs a CUDA GPU (device is {device}): use bfloat16 or float32")
+    return DTYPES[dtype]
+
+
+def setup_runtime(device_name: str, dtype: str) -> Runtime:
+    """Single process, or one process of a `torchrun` group (RANK/WORLD_SIZE set): NCCL on CUDA, gloo on CPU."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size > 1:
+        rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+        device = resolve_device(device_name)
+        if device.type == "cuda":
+            device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(device)
+        if not dist.is_initialized():
+            dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        return Runtime(device, resolve_autocast(dtype, device), rank, local_rank, world_size)
+    device = resolve_device(device_name)
+    return Runtime(device, resolve_autocast(dtype, device))
+
+
+def teardown_runtime(rt: Runtime) -> None:
+    if rt.ddp and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict:
+    """Python, numpy and torch RNG states as tensors and plain lists (loadable with weights_only=True)."""
+    np_state = np.random.get_state()
+    state = {
+        "python": [list(x) if isinstance(x, tuple) else x for x in random.getstate()],
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def measure_peak_flops(device: torch.device, dtype: torch.dtype | None, size: int | None = None) -> float:
+    """FLOP/s of a large square matmul in the training dtype: the 'peak' MFU is measured against.
+    Measured, not looked up, so it is honest on any machine (never a hard-coded A100 number)."""
+    dtype = dtype or torch.float32
+    size = size or (8192 if device.type == "cuda" else 1024)
+    gen = torch.Generator(device=device).manual_seed(0)  # its own generator: never shifts the run's RNG stream
+    a = torch.randn(size, size, device=device, dtype=dtype, generator=gen)
+    b = torch.randn(size, size, device=device, dtype=dtype, generator=gen)
+    for _ in range(2):
+        a @ b
+    synchronize(device)
+    reps = 10 if device.type == "cuda" else 4
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    synchronize(device)
+    return 2 * size**3 * reps / (time.perf_counter() - t0)
