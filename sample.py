@@ -118,15 +118,19 @@ def run(args: argparse.Namespace) -> int:
         ids = ids[-cfg.block_size:]
     idx = torch.tensor([ids], dtype=torch.long, device=device)
 
-    if args.dump_attn:
+    if args.dump_attn is not None:  # an empty spec is an error, not "no dump"
         try:
             heads = parse_layer_heads(args.dump_attn, cfg.n_layer, cfg.n_head)
         except ValueError as e:
             raise UserError(f"--dump-attn: {e}") from None
         maps = model.attention_maps(idx, layers=sorted(heads))
         out_dir = args.dump_dir or (ckpt / "attn")
-        written = dump_attention({layer: w[0] for layer, w in maps.items()}, heads,
-                                 tokenizer.token_strings(ids), out_dir)
+        try:
+            written = dump_attention({layer: w[0] for layer, w in maps.items()}, heads,
+                                     tokenizer.token_strings(ids), out_dir)
+        except OSError as e:  # a --dump-dir that is a file, or not writable
+            raise UserError(f"cannot write attention maps into '{out_dir}': {e.strerror or e}; "
+                            f"pass a writable folder with --dump-dir") from None
         print(f"attention maps of layers {', '.join(map(str, sorted(heads)))} over {len(ids)} prompt tokens: "
               f"{', '.join(str(p) for p in written)}", file=sys.stderr)
 

@@ -111,27 +111,29 @@ class CausalSelfAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        rope: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
         input_pos: torch.Tensor | None = None,
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x: (B, T, d_model). rope: (cos, sin), each (T, head_dim/2), for the positions of x.
-        mask: None for plain causal attention over x itself; with a KV cache, bool (T, max_len) rows
-        of the causal table at `input_pos`, the absolute positions of x's tokens, where k/v are written.
+        """x: (B, T, d_model). rope: complex (T, head_dim/2) rotations for the positions of x (model/rope.py).
+        mask: None for plain causal attention over x itself; with a KV cache, bool (T, T_k) rows of the
+        causal table at `input_pos`, the absolute positions of x's tokens, where k/v are written.
         Returns (y (B, T, d_model), weights (B, n_head, T, T_k) if need_weights else None)."""
         B, T, _ = x.shape
-        q, k, v = self.qkv_proj(x).split(
-            [self.n_head * self.head_dim, self.n_kv_head * self.head_dim, self.n_kv_head * self.head_dim], dim=-1)
-        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, n_head, T, head_dim)
-        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv_head, T, head_dim)
-        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv_head, T, head_dim)
+        n_qk = self.n_head + self.n_kv_head
+        qkv = self.qkv_proj(x).view(B, T, n_qk + self.n_kv_head, self.head_dim)  # (B, T, heads of q|k|v, head_dim)
+        qk, v = qkv[:, :, :n_qk], qkv[:, :, n_qk:]
         if rope is not None:
-            cos, sin = rope
-            q = apply_rope(q, cos, sin)
-            k = apply_rope(k, cos, sin)
+            qk = apply_rope(qk, rope)  # q and k rotated in one go
+        q = qk[:, :, :self.n_head].transpose(1, 2)  # (B, n_head, T, head_dim)
+        k = qk[:, :, self.n_head:].transpose(1, 2)  # (B, n_kv_head, T, head_dim)
+        v = v.transpose(1, 2)  # (B, n_kv_head, T, head_dim)
         if self.kv_cache is not None:
             k, v = self.kv_cache.update(input_pos, k, v)  # (B, n_kv_head, max_len, head_dim)
+            if mask is not None and mask.shape[-1] < k.shape[2]:
+                # eager decoding: attend only over the positions written so far (mask is (T, T_k))
+                k, v = k[:, :, :mask.shape[-1]], v[:, :, :mask.shape[-1]]
         dropout_p = self.dropout_p if self.training else 0.0
         n_rep = self.n_head // self.n_kv_head
 

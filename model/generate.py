@@ -23,12 +23,19 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     """
     if temperature == 0:
         return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
+    # float64, shifted so the row max is 0: a tiny temperature (1e-40) then sends the other logits to
+    # -inf instead of overflowing to inf - inf = NaN in the softmax
+    logits = logits.double()
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None and top_k < logits.shape[-1]:
-        values, indices = torch.topk(logits, top_k, dim=-1)
-        logits = torch.full_like(logits, float("-inf")).scatter(-1, indices, values)
+        # torch.topk picks an arbitrary one among tied values: keep everything above the k-th value,
+        # then the lowest-index ties until exactly k remain
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (B, 1)
+        above, tied = logits > kth, logits == kth
+        room = top_k - above.sum(dim=-1, keepdim=True)  # how many tied tokens still fit
+        logits = logits.masked_fill(~(above | (tied & (tied.cumsum(dim=-1) <= room))), float("-inf"))
     if top_p is not None and top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)
         sorted_probs = torch.softmax(sorted_logits, dim=-1)
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # probability of the tokens ranked above
         sorted_logits = sorted_logits.masked_fill(mass_before >= top_p, float("-inf"))  # the first always stays

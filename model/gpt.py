@@ -16,7 +16,7 @@ from model.config import ModelConfig
 from model.kv_cache import KVCache
 from model.mlp import make_mlp
 from model.norm import make_norm
-from model.rope import rope_tables
+from model.rope import rope_frequencies
 
 
 class Block(nn.Module):
@@ -50,9 +50,9 @@ class GPT(nn.Module):
             # one matrix maps tokens to vectors and vectors back to token scores (Press & Wolf 2017)
             self.lm_head.weight = self.tok_emb.weight
         if config.pos == "rope":
-            cos, sin = rope_tables(config.head_dim, config.block_size, config.rope_theta)
-            self.register_buffer("rope_cos", cos, persistent=False)  # (block_size, head_dim/2)
-            self.register_buffer("rope_sin", sin, persistent=False)
+            # complex (block_size, head_dim/2); derived, so not saved in checkpoints
+            self.register_buffer("rope_freqs", rope_frequencies(config.head_dim, config.block_size,
+                                                                config.rope_theta), persistent=False)
         self.causal_table = None  # bool (max_len, max_len), set with the KV cache
         self.init_weights()
 
@@ -79,6 +79,17 @@ class GPT(nn.Module):
             if "norm" in name:
                 nn.init.ones_(param) if name.endswith("weight") else nn.init.zeros_(param)
 
+    def _apply(self, fn, *args, **kwargs):
+        """`model.to(torch.bfloat16)` would cast the complex RoPE table to a real dtype (dropping its
+        imaginary part): rebuild it, complex64, on the new device after any such conversion."""
+        had_rope = self._buffers.pop("rope_freqs", None) is not None
+        module = super()._apply(fn, *args, **kwargs)
+        if had_rope:
+            self.register_buffer("rope_freqs", rope_frequencies(
+                self.config.head_dim, self.config.block_size, self.config.rope_theta,
+                device=self.tok_emb.weight.device), persistent=False)
+        return module
+
     # ----------------------------------------------------------------------------------------------
     def _hidden(self, idx: torch.Tensor, input_pos: torch.Tensor | None = None,
                 record: set[int] | frozenset[int] = frozenset()) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
@@ -96,14 +107,19 @@ class GPT(nn.Module):
         else:
             positions = input_pos  # (T,) absolute positions of idx's tokens
             # With a cache, query row i sees the keys written at positions <= input_pos[i] (bottom-right
-            # aligned causal attention over the whole buffer); without one, idx only sees itself.
+            # aligned causal attention over the buffer); without one, idx only sees itself.
             mask = self.causal_table[input_pos] if caching else None
+            if caching and not torch.compiler.is_compiling():
+                # eager: attend over the written prefix only (compiled code keeps the static full-buffer shape)
+                mask = mask[:, :int(input_pos.max()) + 1]
 
         x = self.tok_emb(idx)  # (B, T, d_model)
         if self.pos_emb is not None:
             x = x + self.pos_emb(positions)
         x = self.emb_dropout(x)
-        rope = (self.rope_cos[positions], self.rope_sin[positions]) if self.config.pos == "rope" else None
+        rope = None
+        if self.config.pos == "rope":
+            rope = self.rope_freqs[:T] if input_pos is None else self.rope_freqs[positions]  # (T, head_dim/2)
 
         maps: dict[int, torch.Tensor] = {}
         for layer, block in enumerate(self.blocks):

@@ -152,7 +152,7 @@ def test_data_config_defaults_are_valid() -> None:
     ({"source": "hub", "name": "parquet", "num_proc": 0}, "num_proc"),
     ({"source": "hub", "name": "parquet", "max_docs": 0}, "max_docs"),
     ({"source": "text", "path": []}, "path"),
-    ({"tokenizr": "gpt2"}, "did you mean 'tokenizer'"),
+    ({"tokenizr": "gpt2"}, "did you mean 'data.tokenizer'"),
 ])
 def test_data_config_rejects_bad_values(raw: dict, message: str) -> None:
     with pytest.raises(UserError, match=message):

@@ -104,9 +104,9 @@ def test_gqa_equals_mha_with_repeated_kv_projections():
         mha.qkv_proj.weight.copy_(torch.cat([wq, rep(wk), rep(wv)]))
         mha.out_proj.weight.copy_(gqa.out_proj.weight)
     x = torch.randn(2, 11, 32)
-    cos, sin = GPT(tiny()).rope_cos[:11], GPT(tiny()).rope_sin[:11]
-    y_gqa, w_gqa = gqa(x, rope=(cos, sin), need_weights=True)
-    y_mha, w_mha = mha(x, rope=(cos, sin), need_weights=True)
+    freqs = GPT(tiny()).rope_freqs[:11]
+    y_gqa, w_gqa = gqa(x, rope=freqs, need_weights=True)
+    y_mha, w_mha = mha(x, rope=freqs, need_weights=True)
     assert torch.allclose(y_gqa, y_mha, atol=1e-6)
     assert torch.allclose(w_gqa, w_mha, atol=1e-6)
 

@@ -8,7 +8,6 @@ import dataclasses
 import math
 import signal
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -26,6 +25,7 @@ from training.checkpoint import BEST, LATEST, checkpoint_dir, load_train_state, 
 from training.config import RunConfig, config_to_yaml
 from training.logger import RunLogger
 from training.optim import build_optimizers, lr_factor
+from training.step import accumulate_gradients, apply_gradients
 from training.runtime import (Runtime, measure_peak_flops, rng_state, seed_everything, set_rng_state,
                               setup_runtime, synchronize, teardown_runtime)
 
@@ -183,19 +183,8 @@ def _train(cfg: RunConfig, rt: Runtime, should_stop: Callable[[int], bool] | Non
     with StopRequested() as stop:
         for step in range(start_step, tc.max_iters):
             optimizers.set_lr_factor(lr_factor(step, tc))
-            loss_sum = torch.zeros((), device=rt.device)
-            for micro in range(tc.grad_accum):
-                x, y = loader.next_batch()
-                sync = nullcontext() if (not rt.ddp or micro == tc.grad_accum - 1) else model.no_sync()
-                with sync:
-                    with rt.autocast():
-                        _, loss = model(x, y)
-                    loss = loss / tc.grad_accum
-                    (scaler.scale(loss) if scaler else loss).backward()
-                loss_sum += loss.detach()
-            if scaler:
-                scaler.unscale_(optimizers.optimizers[0])
-            grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), tc.grad_clip or math.inf)
+            loss_sum, grad_norm = accumulate_gradients(model, raw_model, loader.next_batch, rt, tc.grad_accum,
+                                                       tc.grad_clip, scaler, optimizers)
             if rt.ddp:
                 dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
             loss_value, norm_value = loss_sum.item(), grad_norm.item()
@@ -210,12 +199,7 @@ def _train(cfg: RunConfig, rt: Runtime, should_stop: Callable[[int], bool] | Non
                 raise UserError(f"step {step}: the loss or gradient norm is not finite (loss {loss_value}, grad norm "
                                 f"{norm_value}); stopped, the last good checkpoint in '{out_dir}' is intact. "
                                 f"Lower train.lr, or set train.nonfinite=skip to skip such steps")
-            if scaler:
-                scaler.step(optimizers.optimizers[0])
-                scaler.update()
-            else:
-                optimizers.step()
-            optimizers.zero_grad()
+            apply_gradients(optimizers, scaler)
             result.losses[step] = loss_value
             result.step = step + 1
             window_steps += 1

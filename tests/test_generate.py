@@ -1,0 +1,450 @@
+"""Generation: the KV-cache path against the recompute-the-window reference, the sampling filters, the
+cache's size, stopping, and the attention dumps that sample.py writes.
+
+Models are tiny (block_size 16, so a few dozen new tokens slide the window several times) and random.
+GPT-2's init (std 0.02) makes a random model's logits nearly uniform and its greedy output one token
+repeated, so equal outputs would prove little: `lively` re-draws the weights with std 0.3, which makes
+the next token depend on the context, and the tests check that the outputs are varied.
+"""
+from __future__ import annotations
+
+import math
+
+import matplotlib.image
+import numpy as np
+import pytest
+import torch
+
+from model import GPT, ModelConfig
+from model.attention_maps import dump_attention
+from model.generate import generate, sample_next
+
+VOCAB = 29
+BLOCK = 16
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+ARCHS = {
+    # GPT-2 style: multi-head, learned positions, LayerNorm with biases, GELU, untied head; fused attention
+    "mha": dict(n_kv_head=4, pos="learned", norm="layernorm", mlp="gelu", bias=True, tie_embeddings=False,
+                attn_impl="sdpa"),
+    "gqa": dict(n_kv_head=2),  # LLaMA style: RoPE, RMSNorm, SwiGLU; from-scratch attention
+    "mqa": dict(n_kv_head=1, attn_impl="sdpa"),
+}
+
+
+def tiny(**overrides) -> ModelConfig:
+    base = dict(vocab_size=VOCAB, block_size=BLOCK, n_layer=2, n_head=4, d_model=32, pos="rope", norm="rmsnorm",
+                mlp="swiglu", attn_impl="manual")
+    base.update(overrides)
+    return ModelConfig(**base)
+
+
+def lively(config: ModelConfig, seed: int = 0) -> GPT:
+    """A random GPT in eval mode whose matrices have std 0.3: its logits are far from uniform and depend on
+    the context (see the module docstring)."""
+    torch.manual_seed(seed)
+    model = GPT(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.3)
+    return model.eval()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run sub-millisecond ops, where two intra-op threads only add synchronisation; when other
+    jobs share the machine's two cores, spinning OpenMP threads made these tests ~70x slower (5 s instead
+    of 0.06 s per generation). One thread for this module, restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def prompts(batch: int, length: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+class CallRecorder:
+    """Records every GPT.forward call made by `generate`: its idx, input_pos and logits."""
+
+    def __init__(self, model: GPT):
+        self.calls: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]] = []
+        self.handle = model.register_forward_hook(self.hook, with_kwargs=True)
+
+    def hook(self, module, args, kwargs, output) -> None:
+        idx = args[0] if args else kwargs["idx"]
+        self.calls.append((idx.clone(), kwargs.get("input_pos"), output[0].detach().clone()))
+
+    def __enter__(self) -> CallRecorder:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.handle.remove()
+
+
+# --------------------------------------------------------------------------------------------------
+# the cache path equals the reference
+
+
+SAMPLING = {
+    "greedy": dict(temperature=0.0),
+    "temperature1": dict(temperature=1.0),
+    "top_k": dict(temperature=1.0, top_k=5),
+    "top_p": dict(temperature=1.0, top_p=0.8),
+}
+
+
+@pytest.mark.parametrize("sampling", SAMPLING)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cached_and_uncached_generation_give_identical_tokens(arch, sampling):
+    """Same seed, same tokens, through three window slides (5 + 40 tokens with block_size 16)."""
+    model = lively(tiny(**ARCHS[arch]))
+    prompt = prompts(2, 5)
+    outs = {}
+    for use_cache in (True, False):
+        generator = torch.Generator().manual_seed(123)
+        outs[use_cache] = generate(model, prompt, 40, generator=generator, use_kv_cache=use_cache,
+                                   **SAMPLING[sampling])
+    assert outs[True].shape == (2, 45)
+    assert torch.equal(outs[True][:, :5], prompt)
+    assert torch.equal(outs[True], outs[False])
+    for row in outs[True][:, 5:]:
+        assert len(set(row.tolist())) >= 4, "degenerate output: the equality would prove little"
+    assert model.blocks[0].attn.kv_cache is None, "generate must release its cache"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cached_logits_equal_full_forward_logits_at_every_step(arch):
+    """Every forward of the cached path (the prefill, each one-token step, each re-prefill after a slide)
+    gives, at each of its positions, the logits of a full forward over the same window, for a batch of 3
+    different prompts. The uncached path is exactly that full forward, so the calls are compared pairwise."""
+    model = lively(tiny(**ARCHS[arch]), seed=2)
+    prompt = prompts(3, 6, seed=3)
+    recorded = {}
+    for use_cache in (True, False):
+        with CallRecorder(model) as rec:
+            out = generate(model, prompt, 30, temperature=0.0, use_kv_cache=use_cache)
+        recorded[use_cache] = rec.calls
+    cached, full = recorded[True], recorded[False]
+    assert len(cached) == len(full) >= 30
+    prefills = [i for i, (idx, _, _) in enumerate(cached) if idx.shape[1] > 1]
+    assert len(prefills) >= 3, "the window should have slid at least twice"
+    for (c_idx, c_pos, c_logits), (f_idx, f_pos, f_logits) in zip(cached, full):
+        t = c_idx.shape[1]
+        assert c_pos is not None and f_pos is None
+        assert torch.equal(c_idx, f_idx[:, -t:]), "the cached call fed other tokens than the window's last"
+        assert c_logits.shape == (3, t, VOCAB)
+        torch.testing.assert_close(c_logits, f_logits[:, -t:], atol=1e-5, rtol=0)
+        if t > 1:  # a prefill: its input is the whole window
+            assert torch.equal(c_idx, f_idx)
+    assert len({tuple(r) for r in out[:, 6:].tolist()}) == 3, "the three rows should differ"
+
+
+def test_window_slides_to_last_half_and_refills_from_position_zero():
+    """The slide policy itself: while the window has room, one token at the next position; when it is full,
+    the last block_size // 2 tokens are fed again at positions 0.. (never a position >= block_size)."""
+    model = lively(tiny(**ARCHS["gqa"]))
+    prompt = prompts(1, 11)
+    with CallRecorder(model) as rec:
+        out = generate(model, prompt, 30, temperature=0.0)
+    keep = BLOCK // 2
+    first_idx, first_pos, _ = rec.calls[0]
+    assert torch.equal(first_idx, prompt) and torch.equal(first_pos, torch.arange(11))
+    n = 11  # tokens in the window
+    slides = 0
+    for k, (idx, pos, _) in enumerate(rec.calls[1:], start=1):  # the call after the k-th new token
+        seen = out[:, :11 + k]  # every token so far
+        if n == BLOCK:
+            slides += 1
+            n = keep
+            assert torch.equal(pos, torch.arange(keep))
+            assert torch.equal(idx, seen[:, -keep:])
+        else:
+            assert torch.equal(pos, torch.tensor([n]))
+            assert torch.equal(idx, seen[:, -1:])
+            n += 1
+        assert int(pos.max()) < BLOCK
+    assert slides == 3  # 11 + 30 tokens: full at 16, then every 8 more
+
+
+def test_prompt_longer_than_block_size_keeps_its_last_block_size_tokens():
+    model = lively(tiny(**ARCHS["gqa"]))
+    long_prompt = prompts(1, BLOCK + 7)
+    out = generate(model, long_prompt, 5, temperature=0.0)
+    assert torch.equal(out[:, :BLOCK], long_prompt[:, -BLOCK:])
+    assert torch.equal(out, generate(model, long_prompt[:, -BLOCK:], 5, temperature=0.0))
+    assert torch.equal(out, generate(model, long_prompt, 5, temperature=0.0, use_kv_cache=False))
+
+
+def test_rows_of_a_batch_do_not_interact():
+    """Each row of a batched, cached generation equals generating that prompt alone: the cache rows
+    (and the shared causal mask) keep the sequences apart."""
+    model = lively(tiny(**ARCHS["gqa"]))
+    batch = prompts(3, 5, seed=4)
+    together = generate(model, batch, 25, temperature=0.0)
+    for i in range(3):
+        assert torch.equal(together[i:i + 1], generate(model, batch[i:i + 1], 25, temperature=0.0))
+
+
+def test_stop_token_ends_generation_once_every_row_produced_it():
+    """A row that produced the stop token keeps going (the caller cuts it) until every row has; then
+    generation stops right after the last row's stop token. on_token streams every column."""
+    model = lively(tiny(**ARCHS["gqa"]))
+    n_new = 30
+    for seed in range(20):  # find prompts whose greedy outputs share a token, first seen at different steps
+        prompt = prompts(2, 4, seed=seed)
+        free = generate(model, prompt, n_new, temperature=0.0)[:, 4:]
+        firsts = {}
+        for token in set(free[0].tolist()) & set(free[1].tolist()):
+            steps = [row.tolist().index(token) for row in free]
+            if steps[0] != steps[1] and max(steps) < n_new - 1:
+                firsts[token] = steps
+        if firsts:
+            break
+    assert firsts, "no suitable prompt found"
+    stop, steps = next(iter(firsts.items()))
+    for use_cache in (True, False):
+        streamed = []
+        out = generate(model, prompt, n_new, temperature=0.0, stop_token=stop, use_kv_cache=use_cache,
+                       on_token=streamed.append)
+        assert out.shape[1] == 4 + max(steps) + 1, "should stop right after the last row's stop token"
+        assert torch.equal(out[:, 4:], free[:, :max(steps) + 1])
+        assert int(out[:, -1].eq(stop).sum()) >= 1
+        assert torch.equal(torch.stack(streamed, dim=1), out[:, 4:])
+    never = ({*range(VOCAB)} - set(free.flatten().tolist()))
+    if never:  # a token nobody produces never stops anything
+        assert generate(model, prompt, n_new, temperature=0.0, stop_token=min(never)).shape[1] == 4 + n_new
+
+
+# --------------------------------------------------------------------------------------------------
+# the sampling filters
+
+
+def draw(logits: list[float] | torch.Tensor, n: int, seed: int = 0, **kwargs) -> torch.Tensor:
+    """n independent draws from the same logits: one batched sample_next call over n identical rows."""
+    row = torch.as_tensor(logits, dtype=torch.float32)
+    return sample_next(row.expand(n, -1), generator=torch.Generator().manual_seed(seed), **kwargs)
+
+
+def assert_frequencies(samples: torch.Tensor, probs: torch.Tensor) -> None:
+    """Each token's observed frequency within 5 binomial standard deviations, sqrt(p(1-p)/n), of its
+    probability: a correct sampler fails this with probability < 1e-5 per token (and the seed is fixed);
+    a sampler that ignores the temperature or a filter is off by several percent, > 10 sigma here."""
+    n = samples.numel()
+    freq = torch.bincount(samples, minlength=probs.numel()).double() / n
+    tolerance = 5 * torch.sqrt(probs * (1 - probs) / n) + 1e-12
+    assert ((freq - probs).abs() <= tolerance).all(), f"frequencies {freq.tolist()} vs probabilities {probs.tolist()}"
+
+
+def test_temperature_zero_is_argmax_whatever_the_filters():
+    logits = torch.randn(16, 50, generator=torch.Generator().manual_seed(0))
+    logits[3, 7] = logits[3, 9] = logits[3].max() + 1  # a tie: the first index wins, as in torch.argmax
+    expected = logits.argmax(dim=-1)
+    assert int(expected[3]) == 7
+    assert torch.equal(sample_next(logits, temperature=0.0), expected)
+    assert torch.equal(sample_next(logits, temperature=0.0, top_k=3, top_p=0.5), expected)
+
+
+def test_top_k_keeps_exactly_k_candidates_even_with_ties():
+    """Five tokens tie for second place: top_k=3 keeps the best and exactly two of the tied ones (the
+    lowest indices), never all five as a `logits >= kth value` filter would."""
+    logits = [0.0, 2.0, 2.0, 3.0, 2.0, 2.0, 2.0, 1.0]
+    for k, expected in [(1, {3}), (3, {1, 2, 3}), (6, {1, 2, 3, 4, 5, 6})]:
+        samples = draw(logits, 4000, top_k=k, temperature=1.0)
+        assert set(samples.tolist()) == expected
+    every_tied = draw([1.0] * 10, 4000, top_k=4, temperature=1.0)
+    assert set(every_tied.tolist()) == {0, 1, 2, 3}
+    assert_frequencies(every_tied, torch.tensor([0.25] * 4 + [0.0] * 6, dtype=torch.float64))
+
+
+def test_top_k_renormalises_over_its_candidates():
+    logits = torch.tensor([0.5, -1.0, 1.5, 0.0, 1.0, -2.0], dtype=torch.float64)
+    samples = draw(logits, 20000, top_k=3, temperature=0.7)
+    kept = torch.tensor([0, 2, 4])
+    probs = torch.zeros(6, dtype=torch.float64)
+    probs[kept] = torch.softmax(logits[kept] / 0.7, dim=0)
+    assert set(samples.tolist()) == {0, 2, 4}
+    assert_frequencies(samples, probs)
+
+
+def nucleus(probs: np.ndarray, top_p: float) -> set[int]:
+    """The smallest set of most likely tokens whose total probability reaches top_p (written independently
+    of sample_next: count the tokens needed, in order of probability)."""
+    order = np.argsort(-probs, kind="stable")
+    total, chosen = 0.0, set()
+    for token in order:
+        chosen.add(int(token))
+        total += probs[token]
+        if total >= top_p:
+            break
+    return chosen
+
+
+@pytest.mark.parametrize("top_p,expected", [(0.3, {1}), (0.6, {1, 3}), (0.75, {1, 3, 4}), (0.9, {1, 2, 3, 4}),
+                                            (1.0, {0, 1, 2, 3, 4})])
+def test_top_p_keeps_the_smallest_nucleus(top_p, expected):
+    """Probabilities 0.4, 0.3, 0.15, 0.1, 0.05 (tokens 1, 3, 4, 2, 0): mass 0.4, 0.7, 0.85, 0.95, 1."""
+    probs = np.array([0.05, 0.4, 0.1, 0.3, 0.15])
+    assert nucleus(probs, top_p) == expected
+    samples = draw(np.log(probs).tolist(), 20000, top_p=top_p, temperature=1.0)
+    assert set(samples.tolist()) == expected
+    renormalised = torch.zeros(5, dtype=torch.float64)
+    kept = sorted(expected)
+    renormalised[kept] = torch.tensor(probs[kept] / probs[kept].sum())
+    assert_frequencies(samples, renormalised)
+
+
+def test_top_p_never_draws_outside_the_nucleus_of_random_logits():
+    gen = torch.Generator().manual_seed(5)
+    for trial in range(5):
+        logits = torch.randn(40, generator=gen, dtype=torch.float64) * 2
+        probs = torch.softmax(logits, dim=0).numpy()
+        for top_p in (0.5, 0.9):
+            allowed = nucleus(probs, top_p)
+            drawn = set(draw(logits, 3000, seed=trial, top_p=top_p, temperature=1.0).tolist())
+            assert drawn <= allowed
+            likely = {t for t in allowed if probs[t] / probs[sorted(allowed)].sum() > 0.01}
+            assert likely <= drawn, "a nucleus member with > 1% of the mass was never drawn in 3000 tries"
+
+
+def test_top_k_then_top_p_takes_the_nucleus_among_the_k():
+    probs = np.array([0.05, 0.4, 0.1, 0.3, 0.15])
+    # top_k=2 leaves tokens 1, 3 renormalised to 4/7, 3/7; top_p=0.5 needs only token 1
+    assert set(draw(np.log(probs).tolist(), 2000, top_k=2, top_p=0.5, temperature=1.0).tolist()) == {1}
+    assert set(draw(np.log(probs).tolist(), 2000, top_k=3, top_p=0.8, temperature=1.0).tolist()) == {1, 3}
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5, 2.0])
+def test_sample_frequencies_match_the_tempered_softmax(temperature):
+    logits = torch.tensor([1.0, 0.0, -0.5, 2.0, 0.3, -1.0], dtype=torch.float64)
+    samples = draw(logits, 20000, seed=7, temperature=temperature)
+    assert_frequencies(samples, torch.softmax(logits / temperature, dim=0))
+
+
+def test_tiny_temperature_is_near_greedy_not_nan():
+    """logits / 1e-40 overflow float32; sample_next must still draw the argmax, not crash on NaN."""
+    logits = torch.tensor([[5.0, 1.0, -3.0, 4.0], [0.0, 0.0, 7.0, -1.0]])
+    assert sample_next(logits, temperature=1e-40).tolist() == [0, 2]
+
+
+def test_seeded_sampling_is_reproducible():
+    model = lively(tiny(**ARCHS["gqa"]))
+    runs = [generate(model, prompts(2, 3), 20, generator=torch.Generator().manual_seed(s)) for s in (9, 9, 10)]
+    assert torch.equal(runs[0], runs[1])
+    assert not torch.equal(runs[0], runs[2])
+
+
+# --------------------------------------------------------------------------------------------------
+# the cache's size
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kv_cache_bytes_shrink_by_the_gqa_factor(dtype):
+    """bytes = 2 (k and v) * n_layer * B * n_kv_head * max_len * head_dim * itemsize; GQA divides the
+    multi-head size by n_head / n_kv_head exactly."""
+    sizes = {}
+    for n_kv_head in (4, 2, 1):
+        model = GPT(tiny(n_layer=3, n_kv_head=n_kv_head))
+        sizes[n_kv_head] = model.setup_kv_cache(batch_size=3, max_len=12, dtype=dtype)
+        head_dim = model.config.head_dim
+        assert sizes[n_kv_head] == 2 * 3 * 3 * n_kv_head * 12 * head_dim * dtype.itemsize
+        for block in model.blocks:  # the number is what the buffers really hold
+            assert block.attn.kv_cache.k_cache.shape == (3, n_kv_head, 12, head_dim)
+            assert block.attn.kv_cache.k_cache.dtype == dtype
+        assert sizes[n_kv_head] == sum(b.attn.kv_cache.k_cache.nbytes + b.attn.kv_cache.v_cache.nbytes
+                                       for b in model.blocks)
+        model.clear_kv_cache()
+        assert all(b.attn.kv_cache is None for b in model.blocks)
+    assert sizes[4] == 2 * sizes[2] == 4 * sizes[1]
+
+
+def test_kv_cache_longer_than_block_size_is_refused():
+    with pytest.raises(ValueError, match="block_size"):
+        GPT(tiny()).setup_kv_cache(batch_size=1, max_len=BLOCK + 1)
+
+
+def test_cache_buffers_are_not_saved_in_the_state_dict():
+    model = GPT(tiny())
+    before = set(model.state_dict())
+    model.setup_kv_cache(batch_size=1)
+    assert set(model.state_dict()) == before
+
+
+# --------------------------------------------------------------------------------------------------
+# attention dumps
+
+
+def reference_maps(model: GPT, idx: torch.Tensor) -> dict[int, torch.Tensor]:
+    """{layer: (B, n_head, T, T)} float64, recomputed without model/attention.py: each layer's input is
+    taken by a forward hook on blocks[L].attn (it is already normalised), then qkv projection -> RoPE
+    (channel pairs (2i, 2i+1) rotated by pos * theta^(-2i/D), in float64) -> softmax(q k^T / sqrt(d)) with the future masked."""
+    cfg = model.config
+    inputs: dict[int, torch.Tensor] = {}
+    handles = [block.attn.register_forward_hook(lambda mod, args, out, layer=layer: inputs.__setitem__(layer, args[0]))
+               for layer, block in enumerate(model.blocks)]
+    try:
+        with torch.no_grad():
+            model(idx)
+    finally:
+        for h in handles:
+            h.remove()
+    B, T = idx.shape
+    H, KV, D = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+    inv_freq = cfg.rope_theta ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    angles = torch.arange(T, dtype=torch.float64)[:, None] * inv_freq[None, :]  # (T, D/2)
+    cos, sin = angles.cos(), angles.sin()
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        even, odd = x[..., 0::2], x[..., 1::2]  # (B, heads, T, D/2): the two coordinates of each pair
+        return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+
+    maps = {}
+    for layer, x in inputs.items():
+        x = x.detach()
+        proj = model.blocks[layer].attn.qkv_proj
+        weight = proj.weight.detach().double()
+        qkv = x.double() @ weight.T + (proj.bias.detach().double() if proj.bias is not None else 0.0)
+        q = qkv[..., :H * D].reshape(B, T, H, D).transpose(1, 2)
+        k = qkv[..., H * D:(H + KV) * D].reshape(B, T, KV, D).transpose(1, 2)
+        if cfg.pos == "rope":
+            q, k = rotate(q), rotate(k)
+        k = k.repeat_interleave(H // KV, dim=1)  # query head h reads kv head h // (H / KV)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(D)
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        maps[layer] = torch.softmax(scores, dim=-1)
+    return maps
+
+
+@pytest.mark.parametrize("arch", ["mha", "gqa"])
+def test_dumped_maps_are_causal_distributions_equal_to_a_recomputation(arch, tmp_path):
+    """What sample.py --dump-attn does: GPT.attention_maps -> dump_attention. The npz holds layer_L
+    (n_head, T, T) for each selected layer, the selected heads and the tokens; one PNG per layer."""
+    model = lively(tiny(n_layer=3, **ARCHS[arch]), seed=6)
+    T = 12
+    idx = prompts(1, T, seed=8)
+    tokens = [f"t{i}" for i in idx[0].tolist()]
+    heads = {0: [0, 1, 2, 3], 2: [1, 3]}
+    maps = model.attention_maps(idx, layers=sorted(heads))
+    written = dump_attention({layer: w[0] for layer, w in maps.items()}, heads, tokens, tmp_path)
+    assert sorted(p.name for p in written) == ["attn.npz", "layer_0.png", "layer_2.png"]
+
+    expected = reference_maps(model, idx)
+    with np.load(tmp_path / "attn.npz") as npz:
+        assert set(npz.files) == {"tokens", "layer_0", "heads_0", "layer_2", "heads_2"}
+        assert npz["tokens"].tolist() == tokens
+        for layer, selected in heads.items():
+            w = npz[f"layer_{layer}"]
+            assert w.shape == (4, T, T) and w.dtype == np.float32
+            np.testing.assert_allclose(w.sum(axis=-1), 1.0, atol=1e-5)
+            assert (w[:, np.triu_indices(T, k=1)[0], np.triu_indices(T, k=1)[1]] == 0).all()
+            np.testing.assert_allclose(w, expected[layer][0].numpy(), atol=1e-5, rtol=0)
+            assert npz[f"heads_{layer}"].tolist() == selected
+    # the maps are not trivially uniform: a broken recomputation could not pass by accident
+    assert float(expected[0][0].std()) > 0.05
+    for layer in heads:
+        png = tmp_path / f"layer_{layer}.png"
+        assert png.read_bytes()[:8] == PNG_SIGNATURE
+        image = matplotlib.image.imread(png)
+        assert image.ndim == 3 and image.shape[0] > 50 and image.shape[1] > 50
