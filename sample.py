@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from common.errors import UserError, user_errors_exit
+from common.errors import ArgumentParser, UserError, user_errors_exit
 from model.checkpoint import CheckpointError
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "small.yaml"
@@ -53,7 +53,7 @@ def positive_or_none(value: float | None, name: str, low: float, high: float | N
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="sample.py", description="Sample from a trained attngpt checkpoint.")
+    p = ArgumentParser(prog="sample.py", description="Sample from a trained attngpt checkpoint.")
     p.add_argument("--ckpt", type=Path, default=None, help="a run's out_dir or a checkpoint folder "
                                                              "(default: configs/small.yaml's out_dir)")
     src = p.add_mutually_exclusive_group()

@@ -5,18 +5,17 @@ Under `torchrun --nproc_per_node=N train.py CONFIG` each process runs this same 
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
-from common.errors import user_errors_exit
+from common.errors import ArgumentParser, user_errors_exit
 from model.checkpoint import CheckpointError
 
 EXIT_INTERRUPTED = {"SIGINT": 130, "SIGTERM": 143, "requested": 0}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="train.py", description="Train a GPT from a YAML config.",
         epilog="example: python train.py configs/small.yaml train.max_iters=200 wandb.mode=disabled")
     parser.add_argument("config", help="path to a YAML config, e.g. configs/small.yaml")

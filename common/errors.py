@@ -5,9 +5,10 @@ line's `main`, printed as a single line, exit status 2. Anything else is a bug a
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, NoReturn
 
 EXIT_USAGE = 2
 
@@ -29,3 +30,11 @@ def user_errors_exit(prog: str, also: tuple[type[BaseException], ...] = ()) -> I
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         sys.exit(130)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with one-line errors: 'prog: error: ...', exit status 2, no usage block (`--help` shows it)."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(EXIT_USAGE)

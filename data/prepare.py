@@ -16,7 +16,6 @@ Layout, in the data folder (see data/sources.py):
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime
 import json
@@ -31,7 +30,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from common.config_io import apply_overrides, coerce, from_dict, load_yaml
-from common.errors import UserError, user_errors_exit
+from common.errors import ArgumentParser, UserError, user_errors_exit
 from data.config import DataConfig
 from data.pipeline import bin_dtype, datasets_progress, write_bins
 from data.sources import Corpus, content_hash, slugify, data_dir, load_rows, resolve_corpus
@@ -242,7 +241,7 @@ def read_data_section(config_path: str, overrides: list[str]) -> tuple[DataConfi
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog=PROG, description="Tokenize the data: section of a run config into "
+    parser = ArgumentParser(prog=PROG, description="Tokenize the data: section of a run config into "
                                      "train.bin / val.bin (reused while the source and settings are unchanged).")
     parser.add_argument("config", help="run config YAML, e.g. configs/shakespeare_char.yaml")
     parser.add_argument("overrides", nargs="*", help="section.key=value, e.g. data.tokenizer=gpt2")
