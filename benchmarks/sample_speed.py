@@ -22,23 +22,20 @@ Prints the tables and appends a dated section (machine, command, results) to ben
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]  # the repository (model/, ...) and benchmarks/ (_report)
 
 import torch  # noqa: E402
 
+import _report  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
 from model.generate import generate  # noqa: E402
 
-RESULTS = REPO / "benchmarks" / "RESULTS.md"
 CONTEXTS = (64, 256, 1024)
 POSITIONS = (10, 1000)
 
@@ -49,20 +46,7 @@ def shape(n_kv_head: int | None) -> ModelConfig:
 
 
 def machine() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        load = "load average before the run " + " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        load = "load average unknown"
-    return (f"{cpu}, {os.cpu_count()} cores ({torch.get_num_threads()} torch threads, {load}); "
-            f"Python {platform.python_version()}, torch {torch.__version__}")
+    return _report.machine(torch_threads=True)
 
 
 def timed(fn, reps: int) -> float:
@@ -214,8 +198,8 @@ def main() -> None:
               f"{POSITIONS[1]}:\n" + profile_decode(models["MHA"], POSITIONS[1]))
     if args.no_save or (args.quick and not args.save):
         return
-    command = " ".join(["python", "benchmarks/sample_speed.py", *sys.argv[1:]])
-    when = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    command = _report.command("sample_speed.py")
+    when = _report.timestamp()
     section = [
         f"## Sampling speed, KV cache vs none ({when})", "",
         f"- Machine: {machine_line}", f"- Command: `{command}`",
@@ -225,9 +209,7 @@ def main() -> None:
         "one full forward of the window (what the no-cache path runs per token).",
         f"- {hf_note}", "", *speed, "", *latency, "", *size, "", *targets, "",
     ]
-    with RESULTS.open("a", encoding="utf-8") as f:  # append only: other sections stay as they are
-        f.write("\n" + "\n".join(section))
-    print(f"appended to {RESULTS}")
+    print(f"appended to {_report.append_section(section)}")
 
 
 if __name__ == "__main__":

@@ -12,28 +12,27 @@ Prints a table and appends a dated section (machine, versions, command, results)
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path[:0] = [str(REPO), str(HERE)]  # the repository (data/, ...) and benchmarks/ (_report)
 _SHARED = REPO.parent / "shared"
 if "TIKTOKEN_CACHE_DIR" not in os.environ and (_SHARED / "tiktoken_cache").is_dir():
     os.environ["TIKTOKEN_CACHE_DIR"] = str(_SHARED / "tiktoken_cache")
 
+import _report  # noqa: E402
 from common.errors import user_errors_exit  # noqa: E402
 from data.config import DataConfig  # noqa: E402
 from data.pipeline import datasets_progress, write_bins  # noqa: E402
 from data.sources import ensure_tinyshakespeare, load_rows, resolve_corpus, tinyshakespeare_path  # noqa: E402
 from data.tokenizer import TiktokenTokenizer  # noqa: E402
 
-RESULTS = REPO / "benchmarks" / "RESULTS.md"
 
 
 def shakespeare_text() -> str:
@@ -46,20 +45,7 @@ def shakespeare_text() -> str:
 
 
 def machine() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import datasets
-    import tiktoken
-    import torch
-
-    return (f"{cpu}, {os.cpu_count()} cores; Python {platform.python_version()}, torch {torch.__version__}, "
-            f"tiktoken {tiktoken.__version__}, datasets {datasets.__version__}")
+    return _report.machine(versions=("tiktoken", "datasets"))
 
 
 def time_pipeline(corpus_file: Path, num_proc: int, trials: int, scratch: Path) -> list[float]:
@@ -104,20 +90,18 @@ def main() -> None:
     for name, seconds in rows:
         speedup = f"{reference / seconds:.2f}x" if name.startswith("prepare") else "-"
         table.append(f"| {name} | {seconds:.3f} | {megabytes / seconds:.2f} | {speedup} |")
-    command = " ".join(["python", "benchmarks/tokenize_throughput.py", *sys.argv[1:]])
+    command = _report.command("tokenize_throughput.py")
     corpus_line = f"Corpus: tinyshakespeare x{max(args.repeat, 1)} = {megabytes:.2f} MB, {n_tokens:,} GPT-2 tokens."
     print(corpus_line)
     print("\n".join(table))
     if args.no_save:
         return
-    when = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    when = _report.timestamp()
     section = [f"## Tokenization throughput, GPT-2 BPE ({when})", "", f"- Machine: {machine()}",
                f"- Command: `{command}`", f"- {corpus_line}",
                "- Pipeline time = scan + datasets.map encode + bin copy (`data.pipeline.write_bins`), including "
                "worker start-up; loading the text into Arrow is excluded.", "", *table, ""]
-    existing = RESULTS.read_text(encoding="utf-8") if RESULTS.is_file() else "# Benchmark results\n"
-    RESULTS.write_text(existing.rstrip("\n") + "\n\n" + "\n".join(section), encoding="utf-8")
-    print(f"appended to {RESULTS}")
+    print(f"appended to {_report.append_section(section)}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import netrc
 import os
 import secrets
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ class RunLogger:
 
     def __init__(self, cfg: RunConfig, is_main: bool, start_step: int, resumed: bool):
         self.enabled = is_main
+        self.t0 = time.perf_counter()  # metrics rows carry time_s: seconds since this process started training
         self.out_dir = Path(cfg.out_dir)
         self.wandb = None
         self.bar = None
@@ -93,7 +95,8 @@ class RunLogger:
         """One line of metrics.jsonl (flushed: crash tests read it) and one W&B log call."""
         if not self.enabled:
             return
-        self.metrics_file.write(json.dumps({"step": step, **values}) + "\n")
+        row = {"step": step, "time_s": round(time.perf_counter() - self.t0, 3), **values}
+        self.metrics_file.write(json.dumps(row) + "\n")
         self.metrics_file.flush()
         if self.wandb is not None:
             self.wandb.log(values, step=step)

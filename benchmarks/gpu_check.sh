@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# gpu_check.sh: the GPU checks of attngpt in one run, for a lent CUDA machine (made for one H200; ~6-8 min).
+#
+#   bash benchmarks/gpu_check.sh            (from anywhere; it cd's to the repository root)
+#
+# Through the device tool, from the repository root here:
+#   run(command="bash benchmarks/gpu_check.sh", carry=["data/cache"], timeout_s=600)
+#
+# What the GPU machine lacks, and what that asks of the caller:
+#   - no network, and neither `datasets` nor `wandb` is installed there. attngpt imports both lazily, so the
+#     package imports and trains without them (step 1 checks it), but preparing data needs `datasets`:
+#     the prepared data MUST be carried. Carry all of data/cache/ (git-ignored, ~3 MB for tinyshakespeare):
+#     data/cache/prepared/ (the bins) AND data/cache/tinyshakespeare/input.txt (resolve_corpus looks for the
+#     text, and would try to download it). Prepare it here first if needed: python -m data.prepare configs/small.yaml
+#   - the carried copy sits at another path with other mtimes, and the prepared folder's fingerprint holds
+#     both, so step 2 (benchmarks/_adopt_carried_data.py) re-stamps it for this machine; without that the
+#     trainer would delete the carried bins and try to prepare again with `datasets`.
+#   - the machine's python3 holds PyTorch (no venv); the repository is not pip-installed there: every
+#     command runs from the repository root, which puts it on sys.path. PYTHON=... overrides the interpreter.
+#
+# Steps (each one continues on failure, "FAILED <step>" is logged, the exit status counts the failures;
+# each has its own time limit, and all of them share a deadline of GPU_CHECK_BUDGET_S seconds, 480 by default):
+#   0. nvidia-smi; torch, CUDA and the GPU as PyTorch sees them
+#   1. python -c 'import training.trainer, train, sample' with datasets and wandb absent
+#   2. re-stamp the carried prepared data for this machine (see above)
+#   3. the CUDA-marked tests: python -m pytest -q -m cuda
+#   4. benchmarks/train_throughput.py at GPT-2 small (124M: vocab 50304, block 1024, 12 layers, 12 heads,
+#      width 768, batch 16) on CUDA: the fp32 eager reference vs attngpt in fp32 and in bf16 autocast with
+#      flash SDPA (forced: --sdpa-backend flash), eager and torch.compile'd; appended to RESULTS.md (--save)
+#   5. a short configs/small.yaml run on CUDA in bf16 (500 steps, an eval every 100) into /tmp/small-gpu,
+#      then its val loss vs wall-clock table (benchmarks/quality_vs_time.py --metrics), appended to RESULTS.md
+#   6. torch.profiler's top 25 CUDA ops of the bf16 compiled 124M training step (for explaining where time goes)
+#   -  benchmarks/sample_speed.py is NOT run: it has no --device flag (it builds its models on the CPU)
+#   7. copy benchmarks/RESULTS.md and the small run's metrics.jsonl to $OUT
+# Everything, commands included (set -x), is logged to $OUT/gpu_check.log if $OUT is set, else ./gpu_check.log.
+set -u
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+OUT_DIR="${OUT:-.}"
+mkdir -p "$OUT_DIR"
+LOG="$OUT_DIR/gpu_check.log"
+PY="${PYTHON:-python3}"
+BUDGET="${GPU_CHECK_BUDGET_S:-480}"
+
+export WANDB_MODE=disabled HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+
+FAILED=()
+
+# step NAME LIMIT_S CMD...: run CMD with a time limit of min(LIMIT_S, seconds left); log and count a failure
+step() {
+    { set +x; } 2>/dev/null  # trace the command itself, not this bookkeeping
+    local name=$1 limit=$2 left rc
+    shift 2
+    left=$((BUDGET - SECONDS))
+    if ((left < 20)); then
+        echo "SKIPPED $name: ${left}s left of the ${BUDGET}s budget"
+        FAILED+=("$name (skipped, out of time)")
+        set -x
+        return 0
+    fi
+    ((limit > left)) && limit=$left
+    echo "=== $name (limit ${limit}s, ${SECONDS}s elapsed) ==="
+    set -x
+    timeout --kill-after=10 "$limit" "$@"
+    { rc=$?; set +x; } 2>/dev/null
+    if ((rc != 0)); then
+        ((rc == 124 || rc == 137)) && echo "FAILED $name: timed out after ${limit}s" || echo "FAILED $name: exit status $rc"
+        FAILED+=("$name")
+    fi
+    set -x
+    return 0
+}
+
+main() {
+    set -x
+    date -u
+    step "nvidia-smi" 30 nvidia-smi
+    step "torch sees the GPU" 60 "$PY" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda,
+"available", torch.cuda.is_available()); print(torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0))'
+
+    # 1. imports without datasets / wandb (they are absent there; made absent here too, to test the same thing)
+    step "imports without datasets and wandb" 60 "$PY" -c '
+import importlib.abc, sys
+class Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("datasets", "wandb"):
+            raise ImportError(f"{name} is absent on this machine")
+sys.meta_path.insert(0, Absent())
+import training.trainer, train, sample, data.prepare, model
+print("imports OK without datasets and wandb")'
+
+    # 2. the carried prepared data, made reusable here
+    step "adopt carried data" 60 "$PY" benchmarks/_adopt_carried_data.py configs/small.yaml
+
+    # 3. tests that need a GPU (skipped elsewhere)
+    step "pytest -m cuda" 150 "$PY" -m pytest -q -m cuda -p no:cacheprovider
+
+    # 4. training throughput at GPT-2 small, bf16 + flash SDPA + compile vs the fp32 eager reference
+    step "train_throughput 124M" 270 "$PY" benchmarks/train_throughput.py --device cuda \
+        --vocab 50304 --block 1024 --batch 16 --layers 12 --heads 12 --width 768 \
+        --variants reference,gpt2-sdpa-fp32,gpt2-sdpa-bf16,gpt2-sdpa-bf16-compile,modern-sdpa-bf16-compile \
+        --sdpa-backend flash --warmup 3 --steps 10 --repeats 5 --save
+
+    # 5. a short small.yaml run on the GPU, then its val loss vs wall-clock
+    rm -rf /tmp/small-gpu
+    step "small.yaml on cuda" 150 "$PY" train.py configs/small.yaml device=cuda dtype=bfloat16 train.max_iters=500 \
+        eval.interval=100 wandb.mode=disabled out_dir=/tmp/small-gpu
+    step "quality_vs_time table" 30 "$PY" benchmarks/quality_vs_time.py --metrics /tmp/small-gpu/metrics.jsonl \
+        --note "trained by: python train.py configs/small.yaml device=cuda dtype=bfloat16 train.max_iters=500 eval.interval=100 wandb.mode=disabled out_dir=/tmp/small-gpu"
+
+    # 6. where the time of a compiled bf16 124M step goes
+    step "profile 124M bf16 compile" 120 "$PY" benchmarks/train_throughput.py --device cuda \
+        --vocab 50304 --block 1024 --batch 16 --layers 12 --heads 12 --width 768 \
+        --sdpa-backend flash --warmup 3 --profile gpt2-sdpa-bf16-compile --profile-steps 5
+
+    # sample_speed.py has no --device flag (CPU only): not run here
+    echo "NOTE: benchmarks/sample_speed.py not run: it has no --device flag and builds its models on the CPU"
+
+    # 7. results back
+    if [[ "$OUT_DIR" != "." ]]; then
+        cp benchmarks/RESULTS.md "$OUT_DIR/RESULTS.md" || FAILED+=("copy RESULTS.md")
+        [[ -f /tmp/small-gpu/metrics.jsonl ]] && cp /tmp/small-gpu/metrics.jsonl "$OUT_DIR/small-gpu-metrics.jsonl"
+    fi
+    set +x
+    echo "=== done in ${SECONDS}s; ${#FAILED[@]} step(s) failed${FAILED[*]:+: }$(IFS=';'; echo "${FAILED[*]}") ==="
+    return "${#FAILED[@]}"
+}
+
+main 2>&1 | tee "$LOG"
+exit "${PIPESTATUS[0]}"

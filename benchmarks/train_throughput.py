@@ -1,0 +1,441 @@
+"""Training throughput: tokens/s, ms/step and MFU of full training steps, attngpt variants vs a textbook GPT-2.
+
+A step is what the training loop runs: forward, backward, gradient clipping (norm 1.0), optimizer step,
+and reading the loss and gradient norm back (`.item()`, as the loop does for its non-finite check).
+
+Variants (all on the same random batch, built from the same seed):
+  reference                      benchmarks/reference_gpt.py: fp32, eager, explicit attention with a mask
+                                 buffer, separate q/k/v, torch.optim.AdamW(lr=1e-3) defaults, clip_grad_norm_.
+                                 Every "vs reference" ratio is taken against it, in the same run.
+  PRESET-ATTN-DTYPE[-compile]    attngpt's GPT through training.step.accumulate_gradients + apply_gradients
+                                 with training.optim.build_optimizers (TrainConfig defaults: AdamW, lr 1e-3,
+                                 weight decay 0.1 on 2-D weights, fused on CUDA):
+      PRESET  gpt2    gelu MLP, layernorm, learned positions, MHA: the reference's architecture
+              modern  swiglu MLP, rmsnorm, RoPE, GQA with n_kv_head = n_head/2 (what configs/small.yaml uses)
+      ATTN    manual  the from-scratch softmax(QK^T/sqrt(d))V     sdpa  F.scaled_dot_product_attention
+      DTYPE   fp32    plain float32                               bf16  bfloat16 autocast (fp32 master weights)
+      -compile        torch.compile(model) (10-30 s of compilation per variant on a CPU)
+
+Timing, made for a noisy shared machine: each variant warms up (--warmup steps; compilation happens here),
+then the variants run round-robin, --repeats rounds of --steps steps each (each round starting one
+variant later), synchronizing the device around each block. Reported: median and min ms/step over the
+rounds; tokens/s and MFU from the median.
+
+MFU = FLOPs/token (GPT.flops_per_token(block_size): 6 per matmul weight + attention's 12*L*H*hd*T; the
+reference counts as the gpt2 preset of its shape) x tokens/s / peak, for two peaks: measured here at
+start with a large matmul in the variant's dtype (training.runtime.measure_peak_flops, best of
+--peak-trials), and the datasheet's dense peak where the GPU is known (H100/H200, A100; n/a on CPUs).
+
+    python benchmarks/train_throughput.py [--quick] [--device auto|cpu|cuda] [--variants LIST|all] [--compile]
+        [--vocab 65] [--block 64] [--batch 12] [--layers 4] [--heads 4] [--width 128]
+        [--steps 20] [--warmup 5] [--repeats 5] [--threads N] [--peak-size N] [--peak-trials 3]
+        [--sdpa-backend auto|flash|efficient|cudnn|math] [--profile VARIANT [--profile-steps 5]]
+        [--no-save | --save]
+
+Prints a table and appends a dated section (machine, command, results) to benchmarks/RESULTS.md
+(not with --quick, a smoke run, unless --save; never with --profile, which only profiles).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import math
+import re
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]  # the repository (model/, training/) and benchmarks/
+
+import torch  # noqa: E402
+
+import _report  # noqa: E402
+from common.errors import ArgumentParser, UserError, user_errors_exit  # noqa: E402
+from model import GPT, ModelConfig  # noqa: E402
+from reference_gpt import ReferenceGPT  # noqa: E402
+from training.config import TrainConfig  # noqa: E402
+from training.optim import build_optimizers  # noqa: E402
+from training.runtime import Runtime, measure_peak_flops, resolve_device, synchronize  # noqa: E402
+from training.step import accumulate_gradients, apply_gradients  # noqa: E402
+
+PRESETS = ("gpt2", "modern")
+ATTNS = ("manual", "sdpa")
+DTYPES = {"fp32": None, "bf16": torch.bfloat16}
+VARIANT_RE = re.compile(r"^(?P<preset>gpt2|modern)-(?P<attn>manual|sdpa)-(?P<dtype>fp32|bf16)(?P<compile>-compile)?$")
+DEFAULT_VARIANTS = ("reference", "gpt2-manual-fp32", "gpt2-sdpa-fp32", "gpt2-sdpa-bf16",
+                    "modern-manual-fp32", "modern-sdpa-fp32", "modern-sdpa-bf16")
+GRAD_CLIP = 1.0
+SEED = 1337
+
+# Dense (no sparsity) datasheet peaks, FLOP/s: {GPU name fragment: {dtype: peak}}. The first fragment found
+# in torch.cuda.get_device_name() wins, so the more specific names come first. fp32 is the CUDA-core peak
+# (PyTorch's default float32 matmul precision, "highest", uses no TF32); tf32 is used when TF32 is enabled.
+NOMINAL_PEAKS = (
+    ("H100 PCIe", {"bf16": 756e12, "tf32": 378e12, "fp32": 51e12}),
+    ("H200 NVL", {"bf16": 835e12, "tf32": 418e12, "fp32": 60e12}),
+    ("H100", {"bf16": 989e12, "tf32": 494.5e12, "fp32": 67e12}),
+    ("H200", {"bf16": 989e12, "tf32": 494.5e12, "fp32": 67e12}),
+    ("A100", {"bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12}),
+)
+
+
+@dataclass
+class Variant:
+    name: str
+    preset: str | None = None  # None: the reference
+    attn: str = "manual"
+    dtype: str = "fp32"
+    compile: bool = False
+    # filled in by setup()
+    step: Callable[[], tuple[float, float]] | None = field(default=None, repr=False)
+    flops_per_token: float = 0.0
+    params: int = 0
+    ms: list[float] = field(default_factory=list)  # ms/step of each timed round
+    peak_mem: float | None = None  # CUDA: bytes this variant added at its peak (weights, optimizer, activations)
+    error: str | None = None
+    last_loss: float = math.nan
+
+    @property
+    def is_reference(self) -> bool:
+        return self.preset is None
+
+
+def parse_variants(text: str, with_compile: bool) -> list[Variant]:
+    if text == "all":
+        names = ["reference"] + [f"{p}-{a}-{d}" for p in PRESETS for a in ATTNS for d in DTYPES]
+    elif text == "default":
+        names = list(DEFAULT_VARIANTS)
+    else:
+        names = [n.strip() for n in text.split(",") if n.strip()]
+    if with_compile and text in ("all", "default"):
+        names += [f"{n}-compile" for n in names if n != "reference"]
+    variants, seen = [], set()
+    for name in names:
+        if name in seen:
+            continue
+        seen.add(name)
+        if name == "reference":
+            variants.append(Variant(name))
+            continue
+        m = VARIANT_RE.match(name)
+        if m is None:
+            raise UserError(f"unknown variant '{name}': use reference or PRESET-ATTN-DTYPE[-compile] with PRESET in "
+                            f"{'|'.join(PRESETS)}, ATTN in {'|'.join(ATTNS)}, DTYPE in {'|'.join(DTYPES)} "
+                            f"(e.g. modern-sdpa-bf16-compile), or 'all' / 'default'")
+        variants.append(Variant(name, m["preset"], m["attn"], m["dtype"], bool(m["compile"])))
+    if not variants:
+        raise UserError("--variants is empty: name at least one variant")
+    return variants
+
+
+def kv_heads_for_gqa(n_head: int) -> int:
+    """n_head/2 when it divides n_head (GQA, two query heads per key/value head), else the largest divisor below."""
+    for kv in range(max(1, n_head // 2), 0, -1):
+        if n_head % kv == 0:
+            return kv
+    return 1
+
+
+def model_config(preset: str, attn: str, args: argparse.Namespace) -> ModelConfig:
+    common = dict(vocab_size=args.vocab, block_size=args.block, n_layer=args.layers, n_head=args.heads,
+                  d_model=args.width, attn_impl=attn, dropout=0.0)
+    if preset == "gpt2":
+        return ModelConfig(**common, mlp="gelu", norm="layernorm", pos="learned", n_kv_head=args.heads)
+    return ModelConfig(**common, mlp="swiglu", norm="rmsnorm", pos="rope", n_kv_head=kv_heads_for_gqa(args.heads))
+
+
+def counting_model(cfg: ModelConfig) -> GPT:
+    """A GPT on the meta device: parameter shapes for counting, no memory, no initialisation cost."""
+    with torch.device("meta"):
+        return GPT(cfg)
+
+
+def sdpa_context(backend: str) -> contextlib.AbstractContextManager:
+    if backend == "auto":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    choice = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+              "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[backend]
+    return sdpa_kernel([choice])
+
+
+def setup(v: Variant, args: argparse.Namespace, device: torch.device, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """Build the model and optimizer of v on device and set v.step: one full training step."""
+    x, y = batch
+    torch.manual_seed(SEED)
+    gpt2_cfg = model_config("gpt2", "manual", args)
+    if v.is_reference:
+        model = ReferenceGPT(args.vocab, args.block, args.layers, args.heads, args.width).to(device)
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        v.params = sum(p.numel() for p in model.parameters())
+        v.flops_per_token = counting_model(gpt2_cfg).flops_per_token(args.block)  # the same architecture's count
+
+        def step() -> tuple[float, float]:
+            _, loss = model(x, y)
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+            values = loss.item(), norm.item()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return values
+        v.step = step
+        return
+
+    cfg = model_config(v.preset, v.attn, args)
+    raw = GPT(cfg).to(device)
+    raw.train()
+    v.params = raw.num_params()
+    v.flops_per_token = raw.flops_per_token(args.block)
+    optimizers = build_optimizers(raw, TrainConfig(batch_size=args.batch, grad_clip=GRAD_CLIP), device.type)
+    rt = Runtime(device, DTYPES[v.dtype])
+    model = torch.compile(raw) if v.compile else raw
+    backend = args.sdpa_backend if v.attn == "sdpa" else "auto"
+
+    def next_batch() -> tuple[torch.Tensor, torch.Tensor]:
+        return x, y
+
+    def step() -> tuple[float, float]:
+        with sdpa_context(backend):
+            loss, norm = accumulate_gradients(model, raw, next_batch, rt, 1, GRAD_CLIP)
+            values = loss.item(), norm.item()  # the loop reads both before applying (non-finite check)
+            apply_gradients(optimizers)
+        return values
+    v.step = step
+
+
+def run_steps(v: Variant, n: int, device: torch.device) -> float:
+    """Seconds for n steps of v, the device synchronized before and after."""
+    synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        v.last_loss, _ = v.step()
+    synchronize(device)
+    return time.perf_counter() - t0
+
+
+def fail(v: Variant, e: BaseException, device: torch.device) -> None:
+    v.error = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+    v.step = None
+    print(f"  {v.name}: FAILED ({v.error})", file=sys.stderr, flush=True)
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def nominal_peaks(device: torch.device) -> tuple[str, dict[str, float]]:
+    """(GPU name, {dtype: dense datasheet peak}); empty for CPUs and unknown GPUs."""
+    if device.type != "cuda":
+        return "", {}
+    name = torch.cuda.get_device_name(device)
+    for fragment, peaks in NOMINAL_PEAKS:
+        if fragment in name:
+            peaks = dict(peaks)
+            if torch.backends.cuda.matmul.allow_tf32:
+                peaks["fp32"] = peaks["tf32"]
+            return name, peaks
+    return name, {}
+
+
+def fmt_rate(flops: float) -> str:
+    return f"{flops / 1e12:.1f} TFLOP/s" if flops >= 1e12 else f"{flops / 1e9:.1f} GFLOP/s"
+
+
+def profile(v: Variant, args: argparse.Namespace, device: torch.device, batch) -> None:
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    setup(v, args, device, batch)
+    run_steps(v, max(args.warmup, 2), device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with torch_profile(activities=activities) as prof:
+        seconds = run_steps(v, args.profile_steps, device)
+    averages = prof.key_averages()
+    keys = ("self_device_time_total", "self_cuda_time_total") if device.type == "cuda" else ("self_cpu_time_total",)
+    for sort_by in keys:  # torch >= 2.4 names the GPU column "device"; older versions "cuda"
+        try:
+            table = averages.table(sort_by=sort_by, row_limit=25)
+            break
+        except (AttributeError, KeyError, ValueError):
+            continue
+    else:
+        sort_by = "self_cpu_time_total"
+        table = averages.table(sort_by=sort_by, row_limit=25)
+    print(f"torch.profiler: {v.name}, {args.profile_steps} steps ({1e3 * seconds / args.profile_steps:.1f} ms/step "
+          f"under the profiler), batch {args.batch} x block {args.block}, top 25 ops by {sort_by}:")
+    print(table)
+
+
+def main() -> None:
+    parser = ArgumentParser(prog="train_throughput", description=__doc__.splitlines()[0],
+                            formatter_class=argparse.RawDescriptionHelpFormatter,
+                            epilog=__doc__.split("\n\n    python")[0].split("\n", 2)[2])
+    parser.add_argument("--quick", action="store_true", help="smoke run: 1 warm-up step, 2 rounds of 2 steps, "
+                                                             "peak from one small matmul; nothing saved")
+    parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
+    parser.add_argument("--variants", default="default",
+                        help=f"comma-separated variant names, 'default' ({','.join(DEFAULT_VARIANTS)}) or 'all'")
+    parser.add_argument("--compile", action="store_true",
+                        help="add a -compile twin of every attngpt variant of 'default'/'all' (explicit "
+                             "-compile names in --variants run without it)")
+    shape = parser.add_argument_group("shape (default: nanoGPT's shakespeare-char CPU shape)")
+    shape.add_argument("--vocab", type=int, default=65)
+    shape.add_argument("--block", type=int, default=64, help="sequence length (block_size)")
+    shape.add_argument("--batch", type=int, default=12)
+    shape.add_argument("--layers", type=int, default=4)
+    shape.add_argument("--heads", type=int, default=4)
+    shape.add_argument("--width", type=int, default=128, help="d_model")
+    timing = parser.add_argument_group("timing")
+    timing.add_argument("--steps", type=int, default=20, help="steps per variant per round")
+    timing.add_argument("--warmup", type=int, default=5, help="untimed steps per variant first (compilation too)")
+    timing.add_argument("--repeats", type=int, default=5, help="round-robin rounds (median and min reported)")
+    timing.add_argument("--threads", type=int, default=None, help="torch intra-op threads on CPU (default torch's)")
+    timing.add_argument("--peak-size", type=int, default=None,
+                        help="matmul size of the peak measurement (default 1024 on CPU, 8192 on CUDA)")
+    timing.add_argument("--peak-trials", type=int, default=3, help="peak measurements per dtype; the best is used")
+    parser.add_argument("--sdpa-backend", default="auto", choices=("auto", "flash", "efficient", "cudnn", "math"),
+                        help="force one F.scaled_dot_product_attention kernel in the sdpa variants (a variant "
+                             "the kernel cannot serve fails and is reported so)")
+    parser.add_argument("--profile", metavar="VARIANT", default=None,
+                        help="only profile VARIANT: print torch.profiler's top 25 ops of --profile-steps steps")
+    parser.add_argument("--profile-steps", type=int, default=5)
+    parser.add_argument("--no-save", action="store_true", help="do not append to benchmarks/RESULTS.md")
+    parser.add_argument("--save", action="store_true", help="append to RESULTS.md even with --quick")
+    args = parser.parse_args()
+
+    with user_errors_exit("train_throughput"):
+        for name in ("vocab", "block", "batch", "layers", "heads", "width", "steps", "repeats", "peak_trials",
+                     "profile_steps"):
+            if getattr(args, name) < 1:
+                raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 1")
+        if args.warmup < 0:
+            raise UserError(f"--warmup {args.warmup}: must be >= 0")
+        if args.width % args.heads:
+            raise UserError(f"--width {args.width} must be divisible by --heads {args.heads}")
+        if args.quick:
+            args.steps, args.repeats, args.warmup, args.peak_trials = 2, 2, 1, 1
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        device = resolve_device(args.device)
+        variants = parse_variants(args.profile or args.variants, args.compile)
+        model_config("gpt2", "manual", args)  # shape errors now, as one line
+        model_config("modern", "sdpa", args)
+
+        gen = torch.Generator().manual_seed(SEED)
+        x = torch.randint(0, args.vocab, (args.batch, args.block), generator=gen).to(device)
+        y = torch.randint(0, args.vocab, (args.batch, args.block), generator=gen).to(device)
+        if args.profile:
+            if len(variants) != 1:
+                raise UserError("--profile takes one variant name")
+            profile(variants[0], args, device, (x, y))
+            return
+        run(variants, args, device, (x, y))
+
+
+def run(variants: list[Variant], args: argparse.Namespace, device: torch.device, batch) -> None:
+    gpu_name, nominal = nominal_peaks(device)
+    extra = [_report.cpu_bf16_support()]
+    if device.type == "cuda":
+        extra.append(f"GPU {gpu_name} (CUDA {torch.version.cuda}, float32 matmul precision "
+                     f"{torch.get_float32_matmul_precision()})")
+    machine_line = _report.machine(torch_threads=True, extra=extra)
+    print(machine_line, flush=True)
+
+    # peaks first, on an idle device
+    peak_size = args.peak_size or ((256 if args.quick else 1024) if device.type == "cpu" else None)
+    measured: dict[str, float] = {}
+    for dtype in sorted({v.dtype for v in variants}):
+        measured[dtype] = max(measure_peak_flops(device, DTYPES[dtype], peak_size) for _ in range(args.peak_trials))
+        print(f"measured peak {dtype}: {fmt_rate(measured[dtype])} (matmul {peak_size or 8192}^3, best of "
+              f"{args.peak_trials}); nominal: {fmt_rate(nominal[dtype]) if dtype in nominal else 'n/a'}", flush=True)
+
+    # build and warm up each variant (compilation happens here)
+    for v in variants:
+        t0 = time.perf_counter()
+        try:
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+                before = torch.cuda.memory_allocated(device)
+            setup(v, args, device, batch)
+            run_steps(v, max(args.warmup, 1 if device.type == "cuda" else 0), device)
+            if device.type == "cuda":
+                v.peak_mem = torch.cuda.max_memory_allocated(device) - before
+        except Exception as e:  # one broken variant (OOM, a missing compiler, no SDPA kernel) must not sink the rest
+            fail(v, e, device)
+            continue
+        print(f"  {v.name}: ready, {v.params / 1e6:.2f}M params, warm-up {time.perf_counter() - t0:.1f} s", flush=True)
+
+    # round-robin timing; each round starts one variant later
+    live = [v for v in variants if v.step is not None]
+    for r in range(args.repeats):
+        order = live[r % len(live):] + live[:r % len(live)] if live else []
+        for v in order:
+            if v.step is None:
+                continue
+            try:
+                v.ms.append(1e3 * run_steps(v, args.steps, device) / args.steps)
+            except Exception as e:
+                fail(v, e, device)
+        done = ", ".join(f"{v.name} {v.ms[-1]:.1f}" for v in order if v.ms and v.step is not None)
+        print(f"round {r + 1}/{args.repeats} (ms/step): {done}", flush=True)
+
+    tokens_per_step = args.batch * args.block
+    ref = next((v for v in variants if v.is_reference and v.ms), None)
+    ref_ms = statistics.median(ref.ms) if ref else None
+    cuda = device.type == "cuda"
+    header = ("| variant | ms/step median | ms/step min | tokens/s | speed vs reference | MFU (measured peak) "
+              "| MFU (nominal peak) | final loss |" + (" peak memory |" if cuda else ""))
+    table = [header, "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if cuda else "")]
+    for v in variants:
+        if not v.ms:
+            table.append(f"| {v.name} | FAILED: {v.error} | | | | | | |" + (" |" if cuda else ""))
+            continue
+        med = statistics.median(v.ms)
+        achieved = v.flops_per_token * tokens_per_step / (med / 1e3)
+        nominal_mfu = f"{100 * achieved / nominal[v.dtype]:.1f}%" if v.dtype in nominal else "n/a"
+        speed = f"{ref_ms / med:.2f}x" if ref_ms else "n/a"
+        note = f" (failed later: {v.error})" if v.error else ""
+        table.append(f"| {v.name}{note} | {med:.2f} | {min(v.ms):.2f} | {tokens_per_step / (med / 1e3):,.0f} | "
+                     f"{speed} | {100 * achieved / measured[v.dtype]:.1f}% | {nominal_mfu} | {v.last_loss:.3f} |"
+                     + (f" {v.peak_mem / 2**30:.2f} GiB |" if cuda and v.peak_mem is not None else " |" if cuda else ""))
+
+    presets = {}
+    for preset in PRESETS:
+        m = counting_model(model_config(preset, "sdpa", args))
+        presets[preset] = (m.num_params(), m.flops_per_token(args.block), m.config.n_kv_head)
+    shape_line = (f"Shape: vocab {args.vocab}, block {args.block}, batch {args.batch} "
+                  f"({tokens_per_step:,} tokens/step), {args.layers} layers, {args.heads} heads, width {args.width}; "
+                  + "; ".join(f"{p}: {n / 1e6:.2f}M params, n_kv_head {kv}, {f / 1e6:.2f} MFLOP/token"
+                              for p, (n, f, kv) in presets.items())
+                  + (f"; reference: {ref.params / 1e6:.2f}M params (biases, separate q/k/v), counted as gpt2"
+                     if ref else ""))
+    peaks_line = ("Peaks: measured " + ", ".join(f"{d} {fmt_rate(p)}" for d, p in measured.items())
+                  + f" (matmul {peak_size or 8192}^3, best of {args.peak_trials}); nominal "
+                  + (", ".join(f"{d} {fmt_rate(nominal[d])}" for d in measured if d in nominal) + " (dense datasheet)"
+                     if nominal else "n/a"))
+    protocol = (f"Timing: {args.warmup} warm-up step(s) per variant, then {args.repeats} round-robin rounds x "
+                f"{args.steps} steps (device synchronized around each round); same random batch for all; a step = "
+                f"forward + backward + clip_grad_norm_(1.0) + optimizer step + loss/grad-norm .item(); "
+                f"ms/step median and min over rounds, tokens/s and MFU from the median"
+                + (f"; sdpa backend forced: {args.sdpa_backend}" if args.sdpa_backend != "auto" else "") + ".")
+    mem_line = ("peak memory: what the variant's weights, optimizer state and warm-up steps added to the CUDA "
+                "allocator's peak (torch.cuda.max_memory_allocated)." if cuda else "")
+    print("\n".join(["", shape_line, peaks_line, protocol, *([mem_line] if mem_line else []), "", *table]))
+
+    if args.no_save or (args.quick and not args.save):
+        return
+    section = [f"## Training throughput, {device.type} ({_report.timestamp()})", "",
+               f"- Machine: {machine_line}", f"- Command: `{_report.command('train_throughput.py')}`",
+               f"- {shape_line}", f"- {peaks_line}", f"- {protocol}", *([f"- {mem_line}"] if mem_line else []),
+               "- speed vs reference = reference median ms/step / variant median ms/step (higher is faster). "
+               "final loss: the last timed step's loss on the fixed random batch, a sanity check only (the "
+               "reference keeps PyTorch's default init, N(0, 1) tied embeddings, hence its large loss).",
+               "", *table, ""]
+    print(f"appended to {_report.append_section(section)}")
+
+
+if __name__ == "__main__":
+    main()
