@@ -6,12 +6,20 @@ Under `torchrun --nproc_per_node=N train.py CONFIG` each process runs this same 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 from common.errors import ArgumentParser, user_errors_exit
-from model.checkpoint import CheckpointError
 
 EXIT_INTERRUPTED = {"SIGINT": 130, "SIGTERM": 143, "requested": 0}
+
+
+class Terminated(Exception):
+    """SIGTERM outside the training loop (which handles it itself: finish the step, save, exit 143)."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,6 +29,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("config", help="path to a YAML config, e.g. configs/small.yaml")
     parser.add_argument("overrides", nargs="*", help="dotted overrides: section.key=value")
     args = parser.parse_args(argv)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    except ValueError:  # not the main thread
+        previous = None
+    try:
+        return _main(args)
+    except Terminated:
+        print("train.py: terminated (SIGTERM) outside the training loop; checkpoints on disk are intact",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED["SIGTERM"]
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(args) -> int:
+    from model.checkpoint import CheckpointError  # imports torch: after the SIGTERM handler is in place
 
     with user_errors_exit("train.py", also=(CheckpointError,)):
         from training.config import config_to_yaml, load_run_config
@@ -34,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         if result.interrupted:
             return EXIT_INTERRUPTED[result.interrupted]
         if is_main:
-            print(f"done: {result.step} steps, best val loss {result.best_val:.4f}; checkpoints in "
+            share = 100 * result.attn_seconds / max(result.train_seconds, 1e-9)
+            print(f"done: {result.step} steps in {result.train_seconds:.0f}s (attention snapshots {result.attn_seconds:.1f}s, "
+                  f"{share:.1f}%), best val loss {result.best_val:.4f}; checkpoints in "
                   f"{result.out_dir}/best and {result.out_dir}/latest. Sample with: "
                   f"python sample.py --ckpt {result.out_dir} --prompt \"...\"")
     return 0

@@ -12,9 +12,8 @@
 #     the prepared data MUST be carried. Carry all of data/cache/ (git-ignored, ~3 MB for tinyshakespeare):
 #     data/cache/prepared/ (the bins) AND data/cache/tinyshakespeare/input.txt (resolve_corpus looks for the
 #     text, and would try to download it). Prepare it here first if needed: python -m data.prepare configs/small.yaml
-#   - the carried copy sits at another path with other mtimes, and the prepared folder's fingerprint holds
-#     both, so step 2 (benchmarks/_adopt_carried_data.py) re-stamps it for this machine; without that the
-#     trainer would delete the carried bins and try to prepare again with `datasets`.
+#   - the prepared folder's fingerprint holds file names, sizes and sampled content hashes (no absolute
+#     paths or mtimes), so the carried copy is recognised and reused as it is.
 #   - the machine's python3 holds PyTorch (no venv); the repository is not pip-installed there: every
 #     command runs from the repository root, which puts it on sys.path. PYTHON=... overrides the interpreter.
 #
@@ -88,8 +87,8 @@ sys.meta_path.insert(0, Absent())
 import training.trainer, train, sample, data.prepare, model
 print("imports OK without datasets and wandb")'
 
-    # 2. the carried prepared data, made reusable here
-    step "adopt carried data" 60 "$PY" benchmarks/_adopt_carried_data.py configs/small.yaml
+    # 2. the carried prepared data is reused, not prepared again (that would need `datasets`)
+    step "carried data reused" 60 "$PY" -m data.prepare configs/small.yaml
 
     # 3. tests that need a GPU (skipped elsewhere)
     step "pytest -m cuda" 150 "$PY" -m pytest -q -m cuda -p no:cacheprovider

@@ -155,6 +155,32 @@ def test_offline_wandb_run_holds_the_scalars(tmp_path, monkeypatch):
     records = next(runs[0].glob("run-*.wandb")).read_bytes()
     for key in (b"train/loss", b"val/loss", b"lr", b"tokens_per_s", b"mfu", b"grad_norm"):
         assert key in records, key
+    # attention while it trains: one heatmap per drawn layer (tiny: 2 layers -> 0 and 1) per snapshot
+    # (evals at steps 20), and the per-head statistic keys
+    images = sorted(p.name for p in (runs[0] / "files" / "media" / "images").rglob("*.png"))
+    assert len(images) == 2 and any("layer_0" in n for n in images) and any("layer_1" in n for n in images)
+    for stat in ("entropy", "sink_mass", "mean_distance", "decay_gamma"):
+        for layer in (0, 1):
+            for head in range(4):
+                assert f"attn/L{layer}.H{head}/{stat}".encode() in records
+
+
+def test_attention_snapshots_on_disk(tmp_path):
+    result = train(tiny(tmp_path, "train.max_iters=20", "eval.interval=10", "wandb.attn_interval=5",
+                        "model.n_layer=3", "attn.layers=[2]"))
+    assert result.attn_seconds > 0
+    rows = (tmp_path / "attn" / "stats.csv").read_text().splitlines()
+    assert rows[0] == "step,layer,head,entropy,sink_mass,mean_distance,decay_gamma"
+    keys = [tuple(map(int, row.split(",")[:3])) for row in rows[1:]]
+    # snapshots at every eval (10, 20) and every attn_interval (5, 15): one row per (step, layer, head)
+    expected = [(step, layer, head) for step in (5, 10, 15, 20) for layer in range(3) for head in range(4)]
+    assert keys == expected
+    for row in rows[1:]:
+        entropy, sink, distance = map(float, row.split(",")[3:6])
+        assert 0 <= entropy <= 1 + 1e-5 and 0 <= sink <= 1 and 0 <= distance <= 31
+    pngs = sorted(p.name for p in (tmp_path / "attn" / "layer_2").glob("*.png"))
+    assert pngs == [f"step_{s:06d}.png" for s in (5, 10, 15, 20)]
+    assert not (tmp_path / "attn" / "layer_0").exists()
 
 
 # --- the real command line -----------------------------------------------------------------------
@@ -163,7 +189,7 @@ def test_cli_trains_and_reports(tmp_path, data_dir):
     proc = run_cli(["train.py", "configs/tiny.yaml", f"out_dir={tmp_path}", "train.max_iters=10",
                     "eval.interval=5"], env_extra={"ATTNGPT_DATA_DIR": str(data_dir)})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "max_iters: 10" in proc.stdout and "done: 10 steps" in proc.stdout  # resolved config printed
+    assert "max_iters: 10" in proc.stdout and "done: 10 steps in " in proc.stdout  # resolved config printed
     assert "step 10: train loss" in proc.stderr
     saved = (tmp_path / "config.yaml").read_text()
     assert "max_iters: 10" in saved

@@ -8,12 +8,19 @@ A save writes a complete folder `.latest.tmp`, fsyncs it, then swaps it in with 
 checkpoint complete on disk: `latest` itself, or `.latest.old` between the two renames, which
 `checkpoint_dir` recovers. `train_state.pt` holds only tensors, numbers, strings, lists and dicts, and
 is read with `torch.load(weights_only=True)`, which refuses anything else instead of executing it.
+
+Test hook: with `ATTNGPT_TEST_SAVE_DELAY=<seconds>` in the environment, a save sleeps that long once the
+temporary folder is complete and again between the two renames, so a crash test can kill a run inside
+those windows on purpose (tests/test_reliability.py). Unset (always, outside tests), it does nothing.
 """
 from __future__ import annotations
 
 import os
 import pickle
+import re
 import shutil
+import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +30,20 @@ from common.errors import UserError
 from model.checkpoint import CheckpointError, fsync_file, save_model
 from model.gpt import GPT
 
+try:
+    from safetensors import SafetensorError
+except ImportError:  # older safetensors do not export it; their write errors are OSErrors
+    SafetensorError = OSError
+
 LATEST = "latest"
 BEST = "best"
 STATE_FILE = "train_state.pt"
+TEST_SAVE_DELAY_ENV = "ATTNGPT_TEST_SAVE_DELAY"
+# what a failed write raises: OSError from Python, RuntimeError from torch.save's zip writer,
+# SafetensorError ("I/O error: No space left on device") from safetensors
+WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
+# what a training state must hold for a resume, and of which type
+STATE_KEYS = {"step": int, "best_val": float, "optimizer": list, "loader": dict, "rng": dict}
 
 
 def save_checkpoint(out_dir: str | Path, name: str, model: GPT, extra: dict[str, Any],
@@ -46,17 +64,38 @@ def save_checkpoint(out_dir: str | Path, name: str, model: GPT, extra: dict[str,
             torch.save(train_state, tmp / STATE_FILE)
             fsync_file(tmp / STATE_FILE)
         fsync_dir(tmp)
-    except OSError as e:
+        _test_pause()
+        if final.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+        _test_pause()
+        os.replace(tmp, final)
+    except WRITE_ERRORS as e:
+        if not final.exists() and old.is_dir():
+            try:
+                os.replace(old, final)  # the second rename failed: put the previous checkpoint back
+            except OSError:
+                pass  # checkpoint_dir() recovers it from .name.old
         shutil.rmtree(tmp, ignore_errors=True)
-        raise UserError(f"could not write checkpoint '{final}' ({e.strerror or e}); the previous checkpoint "
+        raise UserError(f"could not write checkpoint '{final}' ({_reason(e)}); the previous checkpoint "
                         f"is intact. Free disk space or fix permissions of '{out_dir}'") from None
-    if final.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-    os.replace(tmp, final)
     fsync_dir(out_dir)
     shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def _test_pause() -> None:
+    """The crash-test hook (module doc): sleep ATTNGPT_TEST_SAVE_DELAY seconds when it is set."""
+    delay = os.environ.get(TEST_SAVE_DELAY_ENV)
+    if delay:
+        time.sleep(float(delay))
 
 
 def checkpoint_dir(out_dir: str | Path, name: str) -> Path | None:
@@ -76,12 +115,23 @@ def load_train_state(directory: Path) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"no {STATE_FILE} in '{directory}': cannot resume from it")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": the error below says it all
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        raise CheckpointError(f"'{path}' holds objects other than tensors and plain data; refusing to load it "
-                              f"(it could run code). ({str(e).splitlines()[0][:120]})") from None
+        found = re.search(r"Unsupported (?:global: GLOBAL \S+|[^.\n]*)", str(e))  # ...: GLOBAL posix.system
+        detail = f" ({found.group(0)[:120]})" if found else ""
+        raise CheckpointError(f"'{path}' holds objects other than tensors and plain data{detail}; refusing to "
+                              f"load it, since unpickling it could run code. Delete '{directory}' to start "
+                              f"over, or use another out_dir") from None
     except Exception as e:  # truncated zip, bad magic number, ...
-        raise CheckpointError(f"'{path}' is corrupted or truncated ({type(e).__name__}: {str(e)[:120]})") from None
+        raise CheckpointError(f"'{path}' is corrupted or truncated ({type(e).__name__}: {_reason(e)[:120]})") from None
+    wrong = [key for key, kind in STATE_KEYS.items() if not isinstance(state, dict)
+             or not isinstance(state.get(key), kind) or isinstance(state.get(key), bool)]
+    if wrong:
+        raise CheckpointError(f"'{path}' is not an attngpt training state (missing or invalid: {', '.join(wrong)}); "
+                              f"delete '{directory}' to start over, or use another out_dir")
+    return state
 
 
 def fsync_dir(path: str | Path) -> None:

@@ -87,6 +87,10 @@ class WandbConfig:
     run_name: str | None = None  # None -> the out_dir's name
     attn_interval: int | None = None  # steps between attention snapshots; None -> every eval
 
+    def __post_init__(self) -> None:
+        if self.attn_interval is not None and self.attn_interval < 1:
+            raise ValueError(f"attn_interval={self.attn_interval}: must be >= 1 (or null: at every eval)")
+
 
 @dataclass
 class AttnConfig:

@@ -56,8 +56,10 @@ def build_optimizers(model: nn.Module, cfg: TrainConfig, device_type: str) -> Op
     params = {name: p for name, p in model.named_parameters() if p.requires_grad}
     decay = [p for p in params.values() if p.dim() >= 2]
     no_decay = [p for p in params.values() if p.dim() < 2]
-    fused = device_type == "cuda"  # one kernel for all parameters; CPU has no fused AdamW worth it
-    adamw_kwargs = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
+    fused = device_type == "cuda"  # one kernel for all parameters
+    # elsewhere, the multi-tensor (foreach) path: a few ops over all parameters instead of a loop of many
+    # tiny ones, which is what bounds a small model's optimizer step on a CPU
+    adamw_kwargs = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused, foreach=not fused)
     if cfg.optimizer == "adamw":
         return Optimizers([torch.optim.AdamW(
             [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],

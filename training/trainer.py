@@ -21,7 +21,7 @@ from data.prepare import PreparedData, prepare_data
 from model.checkpoint import CheckpointError, load_weights, read_config
 from model.config import ModelConfig
 from model.gpt import GPT
-from training.checkpoint import BEST, LATEST, checkpoint_dir, load_train_state, save_checkpoint
+from training.checkpoint import BEST, LATEST, STATE_FILE, checkpoint_dir, load_train_state, save_checkpoint
 from training.config import RunConfig, config_to_yaml
 from training.logger import RunLogger
 from training.optim import build_optimizers, lr_factor
@@ -99,13 +99,20 @@ def train(cfg: RunConfig, should_stop: Callable[[int], bool] | None = None) -> T
     """Run (or resume) the training described by cfg. should_stop(steps_done) -> True stops after that
     step exactly as Ctrl-C does: checkpoint saved, result.interrupted set ("requested")."""
     rt = setup_runtime(cfg.device, cfg.dtype)
+    loggers: list[RunLogger] = []
     try:
-        return _train(cfg, rt, should_stop)
+        return _train(cfg, rt, should_stop, loggers)
+    except BaseException:
+        for logger in loggers:  # end the progress bar's line first: the error printed next gets a line of its own
+            if logger.bar is not None:
+                logger.bar.close()
+        raise
     finally:
         teardown_runtime(rt)
 
 
-def _train(cfg: RunConfig, rt: Runtime, should_stop: Callable[[int], bool] | None) -> TrainResult:
+def _train(cfg: RunConfig, rt: Runtime, should_stop: Callable[[int], bool] | None,
+           loggers: list[RunLogger]) -> TrainResult:
     out_dir = Path(cfg.out_dir)
     tc = cfg.train
     seed_everything(cfg.seed)
@@ -136,16 +143,22 @@ def _train(cfg: RunConfig, rt: Runtime, should_stop: Callable[[int], bool] | Non
         try:
             load_weights(model, latest / "model.safetensors")
             state = load_train_state(latest)
-            optimizers.load_state_dict(state["optimizer"])
         except CheckpointError as e:
             raise UserError(f"cannot resume from '{latest}': {e}") from None
+        try:
+            optimizers.load_state_dict(state["optimizer"])
+            loader.load_state_dict(state["loader"])
+            set_rng_state(state["rng"])
+        except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:  # e.g. train.optimizer changed
+            raise UserError(f"cannot resume from '{latest}': its {STATE_FILE} does not fit this run "
+                            f"({type(e).__name__}: {' '.join(str(e).split())[:160]}); resume with the settings it "
+                            f"was saved with (e.g. the same train.optimizer), or use another out_dir") from None
         start_step, best_val, skipped = state["step"], state["best_val"], state.get("skipped_steps", 0)
-        loader.load_state_dict(state["loader"])
-        set_rng_state(state["rng"])
     if rt.is_main:
         (out_dir / "config.yaml").write_text(config_to_yaml(cfg))
 
     logger = RunLogger(cfg, rt.is_main, start_step, resumed=latest is not None)
+    loggers.append(logger)
     logger.write(f"model: {model.num_params() / 1e6:.2f}M parameters, {model_cfg.n_layer} layers, "
                  f"{model_cfg.n_head} heads ({model_cfg.n_kv_head} kv), d_model {model_cfg.d_model}, "
                  f"block {model_cfg.block_size}; data: {prepared.train_tokens:,} train / "
