@@ -12,6 +12,7 @@ block_size tokens, with a warning.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -47,6 +48,8 @@ def resolve_checkpoint(path: Path) -> Path:
 def positive_or_none(value: float | None, name: str, low: float, high: float | None = None) -> None:
     if value is None:
         return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UserError(f"{name} must be a finite number, got {value}")
     if value < low or (high is not None and value > high):
         bound = f"[{low}, {high}]" if high is not None else f">= {low}"
         raise UserError(f"{name} must be {bound}, got {value}")
@@ -93,13 +96,20 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--top-p must be in (0, 1], got {args.top_p}")
     positive_or_none(args.max_new_tokens, "--max-new-tokens", 0)
     positive_or_none(args.num_samples, "--num-samples", 1)
+    if args.num_samples > 2**31 - 1:
+        raise UserError(f"--num-samples must be at most 2**31-1 (and fit in memory), got {args.num_samples}")
+    if not -2**63 <= args.seed < 2**64:  # what torch.Generator.manual_seed takes
+        raise UserError(f"--seed must be an integer from -2**63 to 2**64-1, got {args.seed}")
 
     ckpt = resolve_checkpoint(args.ckpt or default_checkpoint())
     device = resolve_device(args.device)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
     if dtype == torch.float16 and device.type == "cpu":
         raise UserError("--dtype float16 is slow or unsupported on CPU: use bfloat16 or float32")
-    model, payload = load_model(ckpt, device=device)
+    try:
+        model, payload = load_model(ckpt, device=device)
+    except CheckpointError as e:
+        raise UserError(f"{e}; pass --ckpt an intact checkpoint (a run's out_dir, or its best/ or latest/)") from None
     model = model.to(dtype)
     tokenizer = tokenizer_from_json(payload.get("tokenizer"))
     cfg = model.config
@@ -138,9 +148,15 @@ def run(args: argparse.Namespace) -> int:
     batch = idx.expand(args.num_samples, -1)
     stream = StreamPrinter(tokenizer, prompt_ids=ids) if args.num_samples == 1 else None
     t0 = time.perf_counter()
-    out = generate(model, batch, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                   top_p=args.top_p, generator=generator, use_kv_cache=not args.no_kv_cache,
-                   stop_token=tokenizer.eot, on_token=stream.push if stream else None)
+    try:
+        out = generate(model, batch, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                       top_p=args.top_p, generator=generator, use_kv_cache=not args.no_kv_cache,
+                       stop_token=tokenizer.eot, on_token=stream.push if stream else None)
+    except RuntimeError as e:  # CPU: "can't allocate memory"; CUDA: torch.cuda.OutOfMemoryError
+        if not (isinstance(e, torch.cuda.OutOfMemoryError) or "allocate" in str(e) or "out of memory" in str(e)):
+            raise
+        raise UserError(f"not enough memory on {device} for {args.num_samples} sample(s) at once: lower "
+                        f"--num-samples") from None
     elapsed = time.perf_counter() - t0
     new_tokens = out.shape[1] - len(ids)
     if stream:

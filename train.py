@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 
-from common.errors import ArgumentParser, user_errors_exit
+from common.errors import ArgumentParser, UserError, user_errors_exit
 
 EXIT_INTERRUPTED = {"SIGINT": 130, "SIGTERM": 143, "requested": 0}
 
@@ -45,6 +45,12 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous)
 
 
+def out_of_memory(e: BaseException) -> bool:
+    text = str(e)
+    return (isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or "can't allocate memory" in text
+            or "out of memory" in text.lower())
+
+
 def _main(args) -> int:
     from model.checkpoint import CheckpointError  # imports torch: after the SIGTERM handler is in place
 
@@ -56,7 +62,14 @@ def _main(args) -> int:
         is_main = int(os.environ.get("RANK", "0")) == 0  # under torchrun only rank 0 prints
         if is_main:
             print(f"# config {args.config} {' '.join(args.overrides)}\n{config_to_yaml(cfg)}", end="", flush=True)
-        result = train(cfg)
+        try:
+            result = train(cfg)
+        except (RuntimeError, MemoryError) as e:  # torch.cuda.OutOfMemoryError is a RuntimeError
+            if not out_of_memory(e):
+                raise
+            reason = " ".join(str(e).split())
+            raise UserError(f"out of memory on {cfg.device} ({reason[:200]}): lower train.batch_size (raise "
+                            f"train.grad_accum to keep the batch), model.block_size or the model's size") from None
         if result.interrupted:
             return EXIT_INTERRUPTED[result.interrupted]
         if is_main:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from pathlib import Path
@@ -33,6 +34,8 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         raise UserError(f"config file '{path}' not found: pass the path to a YAML file, e.g. configs/small.yaml")
     try:
         loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise UserError(f"config file '{path}' nests lists or mappings too deeply to read") from None
     except yaml.YAMLError as e:
         where = ""
         mark = getattr(e, "problem_mark", None)
@@ -47,7 +50,30 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(loaded, dict):
         raise UserError(f"config file '{path}' must hold a mapping of sections (model:, data:, ...), "
                         f"not a {type(loaded).__name__}")
+    check_shape(loaded, f"config file '{path}'")
     return loaded
+
+
+MAX_DEPTH, MAX_VALUES = 64, 100_000  # far beyond any real config, far below what breaks recursion or memory
+
+
+def check_shape(value: Any, what: str) -> None:
+    """Refuse YAML that only aliases make possible: a list or mapping inside itself (`&a [*a]`), nesting
+    deeper than MAX_DEPTH, or more than MAX_VALUES values once aliases are expanded. Iterative, so that
+    checking cannot itself overflow the stack."""
+    stack, count = [(value, 0)], 0
+    while stack:
+        node, depth = stack.pop()
+        count += 1
+        if depth > MAX_DEPTH:
+            raise UserError(f"{what} nests lists or mappings more than {MAX_DEPTH} deep (a YAML alias inside "
+                            f"its own anchor, like &a [*a]?): no setting needs that")
+        if count > MAX_VALUES:
+            raise UserError(f"{what} holds more than {MAX_VALUES:,} values once its YAML aliases are expanded")
+        if isinstance(node, dict):
+            stack.extend((child, depth + 1) for child in node.values())
+        elif isinstance(node, list):
+            stack.extend((child, depth + 1) for child in node)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -60,8 +86,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise UserError(f"override '{text}' has an empty key: write section.key=value, e.g. train.max_iters=200")
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):  # RecursionError: brackets nested thousands deep
         value = raw  # not YAML: keep it as the literal string, the type check decides
+    check_shape(value, f"the value of override '{key}'")
     return key.split("."), value
 
 
@@ -161,14 +188,19 @@ def coerce(annotation: Any, value: Any, key: str) -> Any:
             return int(value)
         raise UserError(f"'{key}' got {_show(value)}; expected an integer")
     if annotation is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads '6e-4' as a string
+            number = float(value) if not isinstance(value, int) or abs(value) < 2**1023 else math.inf
+        elif isinstance(value, str):  # YAML 1.1 reads '6e-4' as a string
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise UserError(f"'{key}' got {_show(value)}; expected a number")
+        if number is None:
+            raise UserError(f"'{key}' got {_show(value)}; expected a number")
+        if not math.isfinite(number):  # .nan / .inf / 1e999 would only surface later as a NaN loss
+            raise UserError(f"'{key}' got {_show(value)}; expected a finite number")
+        return number
     if annotation is str:
         if isinstance(value, str):
             return value

@@ -33,7 +33,7 @@ from common.config_io import apply_overrides, coerce, from_dict, load_yaml
 from common.errors import ArgumentParser, UserError, user_errors_exit
 from data.config import DataConfig
 from data.pipeline import bin_dtype, datasets_progress, write_bins
-from data.sources import Corpus, content_hash, slugify, data_dir, load_rows, resolve_corpus
+from data.sources import DATA_DIR_ENV, Corpus, content_hash, slugify, data_dir, load_rows, resolve_corpus
 from data.splitting import text_split_point
 from data.tokenizer import TiktokenTokenizer, Tokenizer, tokenizer_from_json
 
@@ -91,6 +91,11 @@ def fingerprint(cfg: DataConfig, corpus: Corpus) -> tuple[str, str]:
 def prepare_data(cfg: DataConfig, *, block_size: int | None = None, quiet: bool = False,
                  force: bool = False) -> PreparedData:
     """Prepared bins for `cfg`: reused when complete and up to date, else (re)made. Bad input -> UserError."""
+    try:
+        prepared_root().mkdir(parents=True, exist_ok=True)  # e.g. ATTNGPT_DATA_DIR below a regular file
+    except OSError as e:
+        raise UserError(f"cannot create the data folder '{prepared_root()}' ({e.strerror or e}): set "
+                        f"{DATA_DIR_ENV} to a writable folder") from None
     corpus = resolve_corpus(cfg, quiet)
     if cfg.tokenizer != "char":
         TiktokenTokenizer(cfg.tokenizer)  # fail before reading the corpus if the encoding cannot load

@@ -119,18 +119,17 @@ def load_train_state(directory: Path) -> dict[str, Any]:
             warnings.simplefilter("ignore")
             state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        found = re.search(r"Unsupported (?:global: GLOBAL \S+|[^.\n]*)", str(e))  # ...: GLOBAL posix.system
+        # "Unsupported global: GLOBAL io.open", "unsupported GLOBAL posix.system", "Unsupported operand 149"
+        found = re.search(r"(?i)unsupported (?:global: )?(?:GLOBAL \S+|operand \d+)", str(e))
         detail = f" ({found.group(0)[:120]})" if found else ""
         raise CheckpointError(f"'{path}' holds objects other than tensors and plain data{detail}; refusing to "
-                              f"load it, since unpickling it could run code. Delete '{directory}' to start "
-                              f"over, or use another out_dir") from None
+                              f"load it, since unpickling it could run code") from None
     except Exception as e:  # truncated zip, bad magic number, ...
         raise CheckpointError(f"'{path}' is corrupted or truncated ({type(e).__name__}: {_reason(e)[:120]})") from None
     wrong = [key for key, kind in STATE_KEYS.items() if not isinstance(state, dict)
              or not isinstance(state.get(key), kind) or isinstance(state.get(key), bool)]
     if wrong:
-        raise CheckpointError(f"'{path}' is not an attngpt training state (missing or invalid: {', '.join(wrong)}); "
-                              f"delete '{directory}' to start over, or use another out_dir")
+        raise CheckpointError(f"'{path}' is not an attngpt training state (missing or invalid: {', '.join(wrong)})")
     return state
 
 

@@ -86,7 +86,11 @@ def model_config_for(cfg: RunConfig, prepared: PreparedData) -> ModelConfig:
 
 
 def check_same_model(saved_dir: Path, model_cfg: ModelConfig, out_dir: Path) -> None:
-    saved = read_config(saved_dir)["model"]
+    try:
+        saved = read_config(saved_dir)["model"]
+    except CheckpointError as e:
+        raise UserError(f"cannot resume from '{saved_dir}': {e}; use another out_dir, or delete '{out_dir}' to "
+                        f"start over") from None
     ours = model_cfg.to_dict()
     shape_keys = [k for k in ours if k not in ("dropout", "attn_impl")]  # these may change across a resume
     diffs = [f"{k} {saved.get(k)!r} vs {ours[k]!r}" for k in shape_keys if saved.get(k) != ours[k]]
@@ -134,17 +138,20 @@ def _train(cfg: RunConfig, rt: Runtime, should_stop: Callable[[int], bool] | Non
         raise UserError(f"out_dir '{out_dir}' already holds a checkpoint and train.resume=never: set "
                         f"train.resume=auto to continue it, or choose another out_dir")
     model = GPT(model_cfg).to(rt.device)
-    optimizers = build_optimizers(model, tc, rt.device_type)
-    loader = BatchLoader(prepared.train_path, prepared.dtype, model_cfg.block_size, tc.batch_size,
-                         seed=cfg.seed, rank=rt.rank, world_size=rt.world_size, device=rt.device)
-    start_step, best_val, skipped = 0, math.inf, 0
-    if latest is not None:
+    state = None
+    if latest is not None:  # read the checkpoint first: a bad one fails before the optimizer is built
         check_same_model(latest, model_cfg, out_dir)
         try:
             load_weights(model, latest / "model.safetensors")
             state = load_train_state(latest)
         except CheckpointError as e:
-            raise UserError(f"cannot resume from '{latest}': {e}") from None
+            raise UserError(f"cannot resume from '{latest}': {e}; use another out_dir, or delete '{out_dir}' to "
+                            f"start over") from None
+    optimizers = build_optimizers(model, tc, rt.device_type)
+    loader = BatchLoader(prepared.train_path, prepared.dtype, model_cfg.block_size, tc.batch_size,
+                         seed=cfg.seed, rank=rt.rank, world_size=rt.world_size, device=rt.device)
+    start_step, best_val, skipped = 0, math.inf, 0
+    if state is not None:
         try:
             optimizers.load_state_dict(state["optimizer"])
             loader.load_state_dict(state["loader"])
