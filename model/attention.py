@@ -21,6 +21,10 @@ from model.config import ModelConfig
 from model.rope import apply_rope
 
 
+# F.scaled_dot_product_attention takes enable_gqa from PyTorch 2.5 on; with 2.4 k, v are repeated instead
+SDPA_HAS_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
+
+
 def causal_mask(t_q: int, t_k: int, device: torch.device | str | None = None) -> torch.Tensor:
     """Bool (t_q, t_k), True where query i may look at key j.
 
@@ -146,6 +150,10 @@ class CausalSelfAttention(nn.Module):
                 q_grouped, k.unsqueeze(2), v.unsqueeze(2), mask=mask, causal=mask is None, dropout_p=dropout_p)
             out = out.view(B, self.n_head, T, self.head_dim)
             weights = weights.view(B, self.n_head, T, -1) if need_weights else None
+        elif n_rep > 1 and SDPA_HAS_GQA:
+            # the kernel reads each shared kv head for its group of query heads: no expanded copy of k, v
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                                 dropout_p=dropout_p, enable_gqa=True)  # (B, n_head, T, head_dim)
         else:
             out = F.scaled_dot_product_attention(
                 q, repeat_kv(k, n_rep), repeat_kv(v, n_rep),

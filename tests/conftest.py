@@ -8,6 +8,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# One intra-op thread per test process (and the command lines they start): the suite runs as two xdist
+# workers on two cores, and two processes with two OpenMP threads each on two cores spin-wait on each
+# other (steps 5-10x slower); the tiny test models gain nothing from a second thread anyway.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
