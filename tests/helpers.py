@@ -27,6 +27,18 @@ def shakespeare_data_dir(root: Path) -> Path:
     return root
 
 
+def prepared_shakespeare_dir(root: Path) -> Path:
+    """shakespeare_data_dir with tiny.yaml's data already prepared, so no command line (or a kill during
+    one) spends its time preparing it."""
+    root = shakespeare_data_dir(root)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ATTNGPT_DATA_DIR", str(root))
+        from data.prepare import prepare_data
+        from training.config import load_run_config
+        prepare_data(load_run_config(TINY).data, quiet=True)
+    return root
+
+
 def run_cli(args: list[str], env_extra: dict[str, str] | None = None, timeout: float = 180,
             **kwargs) -> subprocess.CompletedProcess:
     """Run a project command line (`train.py`, `sample.py`, `-m data.prepare`) like a user would."""

@@ -12,20 +12,14 @@ import pytest
 import torch
 
 from tests.bad_input_cases import CASES, DAMAGE, DOC, MARKER, Case, render_markdown
-from tests.helpers import TINY, run_cli, shakespeare_data_dir
+from tests.helpers import TINY, prepared_shakespeare_dir, run_cli
 
 CHECKPOINT_STEP = 2
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory) -> Path:
-    root = shakespeare_data_dir(tmp_path_factory.mktemp("data"))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("ATTNGPT_DATA_DIR", str(root))
-        from data.prepare import prepare_data
-        from training.config import load_run_config
-        prepare_data(load_run_config(TINY).data, quiet=True)
-    return root
+    return prepared_shakespeare_dir(tmp_path_factory.mktemp("data"))
 
 
 @pytest.fixture(scope="module")

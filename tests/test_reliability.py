@@ -26,7 +26,7 @@ import torch
 
 from common.errors import UserError
 from model.checkpoint import CheckpointError, load_model, read_config
-from tests.helpers import REPO, TINY, run_cli, shakespeare_data_dir
+from tests.helpers import REPO, TINY, prepared_shakespeare_dir, run_cli
 from training.checkpoint import BEST, LATEST, STATE_FILE, TEST_SAVE_DELAY_ENV, checkpoint_dir, load_train_state, \
     save_checkpoint
 from training.config import load_run_config
@@ -40,13 +40,7 @@ RUN_ARGS = ["eval.interval=2", "eval.iters=2", "train.log_interval=1", "attn.ena
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory) -> Path:
-    """tinyshakespeare, prepared once, so that no subprocess spends its time (or a kill) preparing it."""
-    root = shakespeare_data_dir(tmp_path_factory.mktemp("data"))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("ATTNGPT_DATA_DIR", str(root))
-        from data.prepare import prepare_data
-        prepare_data(load_run_config(TINY).data, quiet=True)
-    return root
+    return prepared_shakespeare_dir(tmp_path_factory.mktemp("data"))
 
 
 @pytest.fixture(autouse=True)
