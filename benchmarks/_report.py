@@ -97,3 +97,30 @@ def append_section(lines: list[str], results: Path | None = None) -> Path:
     with results.open("a", encoding="utf-8") as f:  # append only: other sections stay as they are
         f.write(gap + body)
     return results
+
+
+# Dense (no sparsity) datasheet peaks, FLOP/s: {GPU name fragment: {dtype: peak}}. The first fragment found
+# in torch.cuda.get_device_name() wins, so the more specific names come first. fp32 is the CUDA-core peak
+# (PyTorch's default float32 matmul precision, "highest", uses no TF32); tf32 is used when TF32 is enabled.
+NOMINAL_PEAKS = (
+    ("H100 PCIe", {"bf16": 756e12, "tf32": 378e12, "fp32": 51e12}),
+    ("H200 NVL", {"bf16": 835e12, "tf32": 418e12, "fp32": 60e12}),
+    ("H100", {"bf16": 989e12, "tf32": 494.5e12, "fp32": 67e12}),
+    ("H200", {"bf16": 989e12, "tf32": 494.5e12, "fp32": 67e12}),
+    ("A100", {"bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12}),
+)
+
+
+def nominal_peaks(device) -> tuple[str, dict[str, float]]:
+    """(GPU name, {dtype: dense datasheet peak}); empty for CPUs and unknown GPUs."""
+    if device.type != "cuda":
+        return "", {}
+    import torch  # only here: the other helpers serve scripts that may not need torch
+    name = torch.cuda.get_device_name(device)
+    for fragment, peaks in NOMINAL_PEAKS:
+        if fragment in name:
+            peaks = dict(peaks)
+            if torch.backends.cuda.matmul.allow_tf32:
+                peaks["fp32"] = peaks["tf32"]
+            return name, peaks
+    return name, {}

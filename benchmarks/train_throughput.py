@@ -26,11 +26,7 @@ reference counts as the gpt2 preset of its shape) x tokens/s / peak, for two pea
 start with a large matmul in the variant's dtype (training.runtime.measure_peak_flops, best of
 --peak-trials), and the datasheet's dense peak where the GPU is known (H100/H200, A100; n/a on CPUs).
 
-    python benchmarks/train_throughput.py [--quick] [--device auto|cpu|cuda] [--variants LIST|all] [--compile]
-        [--vocab 65] [--block 64] [--batch 12] [--layers 4] [--heads 4] [--width 128]
-        [--steps 20] [--warmup 5] [--repeats 5] [--threads N] [--peak-size N] [--peak-trials 3]
-        [--sdpa-backend auto|flash|efficient|cudnn|math] [--profile VARIANT [--profile-steps 5]]
-        [--no-save | --save]
+Flags: `python benchmarks/train_throughput.py --help`.
 
 Prints a table and appends a dated section (machine, command, results) to benchmarks/RESULTS.md
 (not with --quick, a smoke run, unless --save; never with --profile, which only profiles).
@@ -55,6 +51,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]  # the repository (model/, training
 import torch  # noqa: E402
 
 import _report  # noqa: E402
+from _report import nominal_peaks  # noqa: E402
 from common.errors import ArgumentParser, UserError, user_errors_exit  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
 from reference_gpt import ReferenceGPT  # noqa: E402
@@ -71,18 +68,6 @@ DEFAULT_VARIANTS = ("reference", "gpt2-manual-fp32", "gpt2-sdpa-fp32", "gpt2-sdp
                     "modern-manual-fp32", "modern-sdpa-fp32", "modern-sdpa-bf16")
 GRAD_CLIP = 1.0
 SEED = 1337
-
-# Dense (no sparsity) datasheet peaks, FLOP/s: {GPU name fragment: {dtype: peak}}. The first fragment found
-# in torch.cuda.get_device_name() wins, so the more specific names come first. fp32 is the CUDA-core peak
-# (PyTorch's default float32 matmul precision, "highest", uses no TF32); tf32 is used when TF32 is enabled.
-NOMINAL_PEAKS = (
-    ("H100 PCIe", {"bf16": 756e12, "tf32": 378e12, "fp32": 51e12}),
-    ("H200 NVL", {"bf16": 835e12, "tf32": 418e12, "fp32": 60e12}),
-    ("H100", {"bf16": 989e12, "tf32": 494.5e12, "fp32": 67e12}),
-    ("H200", {"bf16": 989e12, "tf32": 494.5e12, "fp32": 67e12}),
-    ("A100", {"bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12}),
-)
-
 
 @dataclass
 class Variant:
@@ -226,20 +211,6 @@ def fail(v: Variant, e: BaseException, device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-
-
-def nominal_peaks(device: torch.device) -> tuple[str, dict[str, float]]:
-    """(GPU name, {dtype: dense datasheet peak}); empty for CPUs and unknown GPUs."""
-    if device.type != "cuda":
-        return "", {}
-    name = torch.cuda.get_device_name(device)
-    for fragment, peaks in NOMINAL_PEAKS:
-        if fragment in name:
-            peaks = dict(peaks)
-            if torch.backends.cuda.matmul.allow_tf32:
-                peaks["fp32"] = peaks["tf32"]
-            return name, peaks
-    return name, {}
 
 
 def fmt_rate(flops: float) -> str:
