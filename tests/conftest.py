@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 # One intra-op thread per test process (and the command lines they start): the suite runs as two xdist
 # workers on two cores, and two processes with two OpenMP threads each on two cores spin-wait on each
 # other (steps 5-10x slower); the tiny test models gain nothing from a second thread anyway.
@@ -18,3 +20,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 _SHARED_TIKTOKEN_CACHE = Path(__file__).resolve().parents[1].parent / "shared" / "tiktoken_cache"
 if "TIKTOKEN_CACHE_DIR" not in os.environ and _SHARED_TIKTOKEN_CACHE.is_dir():
     os.environ["TIKTOKEN_CACHE_DIR"] = str(_SHARED_TIKTOKEN_CACHE)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, data_dir):
+    """A tiny run of 2 steps (latest/ and best/ at step 2) and its model, once per module; the module
+    provides `data_dir`, a prepared tinyshakespeare folder. Tests work on tests.helpers.fresh_copy of it."""
+    from tests.helpers import tiny_config
+    from training.trainer import train
+    out = tmp_path_factory.mktemp("trained")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ATTNGPT_DATA_DIR", str(data_dir))
+        result = train(tiny_config(out, "train.max_iters=2", "eval.interval=2", "attn.enabled=false"))
+    return out, result.model

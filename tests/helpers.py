@@ -39,6 +39,20 @@ def prepared_shakespeare_dir(root: Path) -> Path:
     return root
 
 
+def tiny_config(out_dir: Path, *overrides: str):
+    """configs/tiny.yaml into out_dir; the peak FLOP/s is given, so no run spends its start measuring it."""
+    from training.config import load_run_config
+    return load_run_config(TINY, [f"out_dir={out_dir}", "train.peak_flops=1e12", *overrides])
+
+
+def fresh_copy(trained: tuple[Path, object], tmp_path: Path) -> tuple[Path, object]:
+    """A private copy of the `trained` fixture's out_dir (conftest.py), and its model."""
+    out, model = trained
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    return copy, model
+
+
 def run_cli(args: list[str], env_extra: dict[str, str] | None = None, timeout: float = 180,
             **kwargs) -> subprocess.CompletedProcess:
     """Run a project command line (`train.py`, `sample.py`, `-m data.prepare`) like a user would."""

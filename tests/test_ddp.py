@@ -6,7 +6,6 @@ step; DDP averages the two ranks' gradients, which equals accumulating over both
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 

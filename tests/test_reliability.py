@@ -1,7 +1,7 @@
 """Nothing lost, nothing executed: SIGKILL at random moments (checkpoint saves included) never leaves an
 unloadable checkpoint and the resumed run equals an uninterrupted one; SIGINT/SIGTERM save and exit
 130/143; a failed write keeps the previous checkpoint; a non-finite model never overwrites a good one;
-planted pickles are refused without running.
+planted pickles are refused without running (tests/test_safe_loading.py).
 
 The crash test drives the real command line. To hit the save window on purpose (not only by chance) it
 sets ATTNGPT_TEST_SAVE_DELAY, the hook of training/checkpoint.py that pauses a save once its temporary
@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import pickle
 import random
 import shutil
 import signal
@@ -25,11 +24,10 @@ import pytest
 import torch
 
 from common.errors import UserError
-from model.checkpoint import CheckpointError, load_model, read_config
-from tests.helpers import REPO, TINY, prepared_shakespeare_dir, run_cli
+from model.checkpoint import load_model, read_config
+from tests.helpers import REPO, fresh_copy, prepared_shakespeare_dir, run_cli, tiny_config
 from training.checkpoint import BEST, LATEST, STATE_FILE, TEST_SAVE_DELAY_ENV, checkpoint_dir, load_train_state, \
     save_checkpoint
-from training.config import load_run_config
 from training.trainer import train
 
 # the tiny run of the crash and signal tests: a checkpoint every 2 steps; the peak FLOP/s is given, so no
@@ -223,27 +221,6 @@ def test_sigint_and_sigterm_save_exit_cleanly_and_the_run_resumes(tmp_path, data
 
 # --- write errors and non-finite models, in-process --------------------------------------------------------
 
-def tiny(out_dir: Path, *overrides: str):
-    return load_run_config(TINY, [f"out_dir={out_dir}", "train.peak_flops=1e12", *overrides])
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, data_dir):
-    """A tiny run of 2 steps: latest/ and best/ at step 2, and the trained model."""
-    out = tmp_path_factory.mktemp("trained")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("ATTNGPT_DATA_DIR", str(data_dir))
-        result = train(tiny(out, "train.max_iters=2", "eval.interval=2", "attn.enabled=false"))
-    return out, result.model
-
-
-def fresh_copy(trained, tmp_path: Path) -> tuple[Path, torch.nn.Module]:
-    out, model = trained
-    copy = tmp_path / "run"
-    shutil.copytree(out, copy)
-    return copy, model
-
-
 def assert_still_step_2(out: Path) -> None:
     load_model(out / LATEST)
     assert load_train_state(out / LATEST)["step"] == 2
@@ -296,7 +273,7 @@ def test_write_error_during_a_save_keeps_the_previous_checkpoint(tmp_path, train
     with monkeypatch.context() as mp:
         mp.setattr("torch.save", disk_full)
         with pytest.raises(UserError, match="could not write checkpoint .*No space left on device"):
-            train(tiny(out, "train.max_iters=4", "eval.interval=2", "attn.enabled=false"))
+            train(tiny_config(out, "train.max_iters=4", "eval.interval=2", "attn.enabled=false"))
     assert_still_step_2(out)
 
 
@@ -349,65 +326,3 @@ def test_cli_nonfinite_loss_exits_2_with_one_line_and_keeps_the_checkpoint(tmp_p
     model, _ = load_model(out / LATEST)
     assert load_train_state(out / LATEST)["step"] == 4
     assert all(torch.isfinite(p).all() for p in model.parameters())
-
-
-# --- safe loading --------------------------------------------------------------------------------------
-
-class Touch:
-    """Unpickling this creates `path`: proof that code ran."""
-
-    def __init__(self, path: Path, how: str):
-        self.path, self.how = str(path), how
-
-    def __reduce__(self):
-        if self.how == "system":
-            return (os.system, (f"touch '{self.path}'",))
-        return (open, (self.path, "w"))
-
-
-def test_planted_pickles_are_refused_and_never_run(tmp_path, trained):
-    out, _ = fresh_copy(trained, tmp_path)
-    marker = tmp_path / "code_ran"
-    # the payloads are live: plain pickle.loads would run them
-    for how in ("system", "open"):
-        pickle.loads(pickle.dumps(Touch(marker, how)))
-        assert marker.exists()
-        marker.unlink()
-
-    def planted(name: str, write) -> Path:
-        directory = tmp_path / name
-        shutil.copytree(out / LATEST, directory)
-        write(directory)
-        return directory
-
-    state_cases = [
-        planted("state_zip_system", lambda d: torch.save({"step": 1, "rng": Touch(marker, "system")}, d / STATE_FILE)),
-        planted("state_zip_open", lambda d: torch.save([Touch(marker, "open")], d / STATE_FILE)),
-        planted("state_raw_pickle", lambda d: (d / STATE_FILE).write_bytes(pickle.dumps(Touch(marker, "system"), 2))),
-    ]
-    for directory in state_cases:
-        with pytest.raises(CheckpointError, match="refusing to load it, since unpickling it could run code"):
-            load_train_state(directory)
-    weights = planted("weights_pickle", lambda d: (d / "model.safetensors").write_bytes(
-        pickle.dumps(Touch(marker, "system"))))
-    with pytest.raises(CheckpointError, match="corrupted or truncated"):
-        load_model(weights)
-    config = planted("config_pickle", lambda d: (d / "config.json").write_bytes(pickle.dumps(Touch(marker, "open"))))
-    with pytest.raises(CheckpointError, match="config.json' is corrupted or not an attngpt config"):
-        load_model(config)
-    assert not marker.exists()
-
-
-def test_a_truncated_or_foreign_training_state_is_refused_in_one_line(tmp_path, trained):
-    out, _ = fresh_copy(trained, tmp_path)
-    state_path = out / LATEST / STATE_FILE
-    good = state_path.read_bytes()
-    for payload, fragment in [(good[: len(good) // 2], "corrupted or truncated"), (b"", "corrupted or truncated"),
-                              (None, "not an attngpt training state (missing or invalid: optimizer, loader, rng)")]:
-        if payload is None:
-            torch.save({"step": 3, "best_val": 1.0}, state_path)
-        else:
-            state_path.write_bytes(payload)
-        with pytest.raises(CheckpointError) as e:
-            load_train_state(out / LATEST)
-        assert fragment in str(e.value) and "\n" not in str(e.value), str(e.value)
