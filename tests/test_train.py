@@ -150,6 +150,11 @@ def test_offline_wandb_run_holds_the_scalars(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     train(tiny(tmp_path, "train.max_iters=20", "wandb.mode=offline"))
+    # run.finish() only *informs* the wandb service, which closes the run's transaction log on its own
+    # time; under load the .wandb file can still hold just its header here. Tearing the service down
+    # waits for it to exit, which flushes every log (the CLI gets the same from wandb's atexit hook).
+    import wandb
+    wandb.teardown()
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
     records = next(runs[0].glob("run-*.wandb")).read_bytes()
