@@ -7,7 +7,7 @@
 Loading reads only safetensors and JSON: nothing from the checkpoint is unpickled or executed.
 Decisions: an empty prompt starts from a newline (char) or <|endoftext|> (BPE); characters that a
 char-level vocabulary lacks are refused, naming them; a prompt longer than block_size keeps its last
-block_size tokens, with a warning.
+block_size tokens, with a warning; a prompt may start with a dash (`--prompt "- item"`).
 """
 from __future__ import annotations
 
@@ -73,7 +73,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-kv-cache", action="store_true", help="recompute the whole window at every step")
     p.add_argument("--dump-attn", metavar="SPEC", help="attention maps over the prompt: all | 0,2 | 1:3,0:1")
     p.add_argument("--dump-dir", type=Path, help="where --dump-attn writes (default: <ckpt>/attn/)")
-    return p.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return p.parse_args(attach_dash_prompt(argv, p))
+
+
+def attach_dash_prompt(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """argparse reads `--prompt -x` as an option missing its value, but a prompt may well start with a
+    dash ("- a list item", "--- ACT II"). Join such a value to --prompt (`--prompt=-x`) unless it is one
+    of the parser's own options (or a prefix of one, which argparse also accepts): then the prompt really
+    is missing and argparse says so."""
+    options = [s for action in parser._actions for s in action.option_strings]
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":  # everything after is positional: leave it as written
+            out.extend(argv[i:])
+            break
+        if arg == "--prompt" and i + 1 < len(argv) and argv[i + 1].startswith("-"):
+            value = argv[i + 1]
+            name = value.split("=", 1)[0]
+            if not (len(name) > 1 and any(o.startswith(name) for o in options)):
+                out.append(f"--prompt={value}")
+                i += 2
+                continue
+        out.append(arg)
+        i += 1
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,7 +24,7 @@ from model import GPT, ModelConfig
 from model.checkpoint import WEIGHTS_FILE, load_model, save_model
 
 REPO = Path(__file__).resolve().parents[1]
-CHARS = "\n !',.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+CHARS = "\n !',-.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # tinyshakespeare's 65, less "&3$"
 BLOCK = 32
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -54,7 +54,7 @@ def ckpts(tmp_path_factory) -> dict[str, Path]:
     weights_size = (good / WEIGHTS_FILE).stat().st_size
     broken("garbage_weights", lambda d: (d / WEIGHTS_FILE).write_bytes(os.urandom(weights_size)))
     broken("truncated_weights", lambda d: (d / WEIGHTS_FILE).write_bytes((good / WEIGHTS_FILE).read_bytes()[:weights_size // 2]))
-    broken("corrupted_config", lambda d: (d / "config.json").write_text('{"model": {"vocab_size": 61, "block_'))
+    broken("corrupted_config", lambda d: (d / "config.json").write_text('{"model": {"vocab_size": 62, "block_'))
     paths["tmp"] = root
     return paths
 
@@ -179,3 +179,25 @@ def test_empty_prompt_starts_from_a_newline(ckpts):
     result = sample("--ckpt", str(ckpts["good"]), "--prompt", "", "--max-new-tokens", "6")
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
     assert result.stdout.startswith("\n") and len(result.stdout) == 1 + 6 + 1
+
+
+@pytest.mark.parametrize("prompt", ["-x", "- a list item", "--- ACT II", "-", "-1.5"])
+def test_a_prompt_may_start_with_a_dash(prompt):
+    import sample as sample_cli
+    assert sample_cli.parse_args(["--prompt", prompt]).prompt == prompt
+    assert sample_cli.parse_args(["--prompt", prompt, "--seed", "3"]).seed == 3
+
+
+@pytest.mark.parametrize("args", [["--prompt", "--seed", "3"], ["--prompt", "--se"], ["--prompt"]])
+def test_a_missing_prompt_is_still_an_error(args, capsys):
+    import sample as sample_cli
+    with pytest.raises(SystemExit) as exit_info:
+        sample_cli.parse_args(args)
+    assert exit_info.value.code == 2
+    assert "argument --prompt: expected one argument" in capsys.readouterr().err
+
+
+def test_dash_prompt_through_the_command_line(ckpts):
+    result = sample("--ckpt", str(ckpts["good"]), "--prompt", "- a", "--max-new-tokens", "4")
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert result.stdout.startswith("- a") and len(result.stdout) == 3 + 4 + 1
