@@ -137,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
     except CheckpointError as e:
         raise UserError(f"{e}; pass --ckpt an intact checkpoint (a run's out_dir, or its best/ or latest/)") from None
     model = model.to(dtype)
-    tokenizer = tokenizer_from_json(payload.get("tokenizer"))
+    tokenizer = tokenizer_from_json(payload.get("tokenizer"), remedy=f"the tokenizer in {ckpt / 'config.json'} "
+                                    f"is damaged: pass --ckpt an intact checkpoint")
     cfg = model.config
 
     if args.prompt_file is not None:

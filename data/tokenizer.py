@@ -220,21 +220,24 @@ def load_tiktoken_encoding(name: str) -> Any:
                         f"TIKTOKEN_CACHE_DIR to a folder that holds it") from None
 
 
-def tokenizer_from_json(spec: Any) -> CharTokenizer | TiktokenTokenizer:
-    """Rebuild exactly the tokenizer `to_json` described (from meta.json or a checkpoint's config)."""
+PREPARE_AGAIN = "re-create it with `python -m data.prepare`"
+
+
+def tokenizer_from_json(spec: Any, remedy: str = PREPARE_AGAIN) -> CharTokenizer | TiktokenTokenizer:
+    """Rebuild exactly the tokenizer `to_json` described (from meta.json or a checkpoint's config).
+    A broken description is a UserError ending in `remedy`: what fixes it depends on where it was read."""
     if not isinstance(spec, dict) or spec.get("kind") not in ("char", "tiktoken"):
         raise UserError(f"tokenizer description {str(spec)[:80]!r} is not valid: expected a mapping with "
-                        f"kind 'char' or 'tiktoken'; re-create it with `python -m data.prepare`")
+                        f"kind 'char' or 'tiktoken'; {remedy}")
     if spec["kind"] == "char":
         chars = spec.get("chars")
         if not isinstance(chars, str) or len(set(chars)) != len(chars):
             raise UserError("char tokenizer description is corrupt ('chars' must be a string of distinct "
-                            "characters); re-create it with `python -m data.prepare`")
+                            f"characters); {remedy}")
         return CharTokenizer(chars)
     name = spec.get("encoding")
     if not isinstance(name, str):
-        raise UserError("tiktoken tokenizer description has no 'encoding' name; re-create it with "
-                        "`python -m data.prepare`")
+        raise UserError(f"tiktoken tokenizer description has no 'encoding' name; {remedy}")
     tok = TiktokenTokenizer(name)
     expected = spec.get("vocab_size")
     if expected is not None and expected != tok.vocab_size:

@@ -8,6 +8,7 @@ one character repeated, which would make "same text with and without the cache" 
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -55,6 +56,8 @@ def ckpts(tmp_path_factory) -> dict[str, Path]:
     broken("garbage_weights", lambda d: (d / WEIGHTS_FILE).write_bytes(os.urandom(weights_size)))
     broken("truncated_weights", lambda d: (d / WEIGHTS_FILE).write_bytes((good / WEIGHTS_FILE).read_bytes()[:weights_size // 2]))
     broken("corrupted_config", lambda d: (d / "config.json").write_text('{"model": {"vocab_size": 62, "block_'))
+    broken("corrupted_tokenizer", lambda d: (d / "config.json").write_text(
+        (good / "config.json").read_text().replace(json.dumps(CHARS), json.dumps("aab"))))
     paths["tmp"] = root
     return paths
 
@@ -97,6 +100,7 @@ BAD_INPUTS = [
     ("garbage weights", ["--ckpt", "{garbage_weights}"], ["model.safetensors", "corrupted or truncated"]),
     ("truncated weights", ["--ckpt", "{truncated_weights}"], ["model.safetensors", "corrupted or truncated"]),
     ("corrupted config", ["--ckpt", "{corrupted_config}"], ["config.json", "corrupted"]),
+    ("corrupted tokenizer", ["--ckpt", "{corrupted_tokenizer}"], ["tokenizer", "config.json", "intact checkpoint"]),
 ]
 
 
