@@ -10,7 +10,8 @@ GQA (n_kv_head 2). Timings use `model.generate.generate` itself, greedy, batch 1
   - generate tokens/s: prompt of (context - N) tokens, N new ones, so the last step sees `context` tokens;
     the wall time includes the prefill (what a user waits for); median of --reps runs.
   - ms/token at position p: with the cache, one model step (1 token at input_pos p) after a prefill of p
-    tokens; without it, one full forward of p + 1 tokens (what the no-cache path runs per token).
+    tokens; without it, one forward of p + 1 tokens with last-position logits (what the no-cache path runs
+    per token).
 If `transformers` is importable (optional, never a dependency), GPT2LMHeadModel.generate of the same shape
 (random weights, greedy, its own cache) runs at the same contexts as a reference.
 
@@ -72,7 +73,7 @@ def step_latency(model: GPT, position: int, use_cache: bool, steps: int) -> floa
     vocab = model.config.vocab_size
     tokens = torch.randint(0, vocab, (1, position + 1), generator=torch.Generator().manual_seed(1))
     if not use_cache:
-        return 1e3 * timed(lambda: model(tokens), steps)
+        return 1e3 * timed(lambda: model(tokens, last_only=True), steps)
     model.setup_kv_cache(1, model.config.block_size)
     try:
         model(tokens[:, :position], input_pos=torch.arange(position))
@@ -206,7 +207,8 @@ def main() -> None:
         "- Model: random weights, n_layer 6, n_head 6, d_model 384, block_size 1024, vocab 50304, attn_impl sdpa, "
         "fp32, batch 1, greedy. tok/s = new tokens / wall time of `generate()` including the prefill of "
         f"(context - {n_new}) prompt tokens; median of {reps}. ms/token: one cached step at that position, or "
-        "one full forward of the window (what the no-cache path runs per token).",
+        "one forward of the whole window (what the no-cache path runs per token). Both paths compute logits "
+        "for the last position only (`last_only`, since 21:40 on 2026-11-29; before, every prompt position).",
         f"- {hf_note}", "", *speed, "", *latency, "", *size, "", *targets, "",
     ]
     print(f"appended to {_report.append_section(section)}")

@@ -74,9 +74,9 @@ def generate(
     try:
         if use_kv_cache:
             model.setup_kv_cache(B, block_size, dtype=model.tok_emb.weight.dtype, device=device)
-            logits, _ = model(window, input_pos=torch.arange(window.shape[1], device=device))
+            logits, _ = model(window, input_pos=torch.arange(window.shape[1], device=device), last_only=True)
         else:
-            logits, _ = model(window)
+            logits, _ = model(window, last_only=True)
         for _ in range(max_new_tokens):
             token = sample_next(logits[:, -1], temperature, top_k, top_p, generator)  # (B,)
             out.append(token[:, None])
@@ -91,11 +91,12 @@ def generate(
             if n == block_size:  # no room for the new token: slide, keep the last `keep` tokens
                 window = window[:, -keep:]
                 positions = torch.arange(keep, device=device)
-                logits, _ = model(window, input_pos=positions) if use_kv_cache else model(window)
+                logits, _ = (model(window, input_pos=positions, last_only=True) if use_kv_cache
+                             else model(window, last_only=True))
             elif use_kv_cache:
                 logits, _ = model(token[:, None], input_pos=torch.tensor([n], device=device))
             else:
-                logits, _ = model(window)
+                logits, _ = model(window, last_only=True)
     finally:
         if use_kv_cache:
             model.clear_kv_cache()

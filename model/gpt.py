@@ -129,11 +129,18 @@ class GPT(nn.Module):
         return self.final_norm(x), maps
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
-                input_pos: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                input_pos: torch.Tensor | None = None,
+                last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx (B, T) token ids -> (logits (B, T, vocab_size), mean cross-entropy against targets or None).
-        Targets equal to -1 are ignored. With a KV cache, input_pos (T,) gives idx's positions."""
+        Targets equal to -1 are ignored. With a KV cache, input_pos (T,) gives idx's positions.
+        last_only: logits of the last position only, (B, 1, vocab_size): all that sampling needs, and
+        the vocab-wide lm_head is the largest matmul of a prefill (the hidden states are the same)."""
         x, _ = self._hidden(idx, input_pos)
-        logits = self.lm_head(x)  # (B, T, vocab_size)
+        if last_only:
+            if targets is not None:
+                raise ValueError("last_only gives one position's logits: it cannot compute a loss over targets")
+            x = x[:, -1:]  # (B, 1, d_model)
+        logits = self.lm_head(x)  # (B, T, vocab_size), or (B, 1, vocab_size) with last_only
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)

@@ -119,8 +119,8 @@ def test_cached_and_uncached_generation_give_identical_tokens(arch, sampling):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_cached_logits_equal_full_forward_logits_at_every_step(arch):
     """Every forward of the cached path (the prefill, each one-token step, each re-prefill after a slide)
-    gives, at each of its positions, the logits of a full forward over the same window, for a batch of 3
-    different prompts. The uncached path is exactly that full forward, so the calls are compared pairwise."""
+    gives the logits of a full forward (no cache, every position) over the same window, for a batch of 3
+    different prompts. generate asks for the last position only; the uncached path is compared too."""
     model = lively(tiny(**ARCHS[arch]), seed=2)
     prompt = prompts(3, 6, seed=3)
     recorded = {}
@@ -136,11 +136,37 @@ def test_cached_logits_equal_full_forward_logits_at_every_step(arch):
         t = c_idx.shape[1]
         assert c_pos is not None and f_pos is None
         assert torch.equal(c_idx, f_idx[:, -t:]), "the cached call fed other tokens than the window's last"
-        assert c_logits.shape == (3, t, VOCAB)
-        torch.testing.assert_close(c_logits, f_logits[:, -t:], atol=1e-5, rtol=0)
+        assert c_logits.shape == f_logits.shape == (3, 1, VOCAB)
+        every_position, _ = model(f_idx)  # (3, window, VOCAB): no cache is set up between generate calls
+        torch.testing.assert_close(c_logits, every_position[:, -1:], atol=1e-5, rtol=0)
+        torch.testing.assert_close(f_logits, every_position[:, -1:], atol=1e-5, rtol=0)
         if t > 1:  # a prefill: its input is the whole window
             assert torch.equal(c_idx, f_idx)
     assert len({tuple(r) for r in out[:, 6:].tolist()}) == 3, "the three rows should differ"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_cached_prefill_gives_full_forward_logits_at_every_position(arch):
+    """The cache path itself is position-exact, not only at the last position generate reads: a prefill
+    of 7 tokens then 3 one-token steps equal a full forward over the 10 tokens, position by position."""
+    model = lively(tiny(**ARCHS[arch]), seed=4)
+    idx = prompts(2, 10, seed=5)
+    expected, _ = model(idx)  # (2, 10, VOCAB)
+    model.setup_kv_cache(batch_size=2, max_len=BLOCK)
+    try:
+        pieces = [model(idx[:, :7], input_pos=torch.arange(7))[0]]
+        pieces += [model(idx[:, n:n + 1], input_pos=torch.tensor([n]))[0] for n in range(7, 10)]
+    finally:
+        model.clear_kv_cache()
+    torch.testing.assert_close(torch.cat(pieces, dim=1), expected, atol=1e-5, rtol=0)
+
+
+def test_last_only_logits_are_the_last_position_and_refuse_targets():
+    model = lively(tiny(), seed=6)
+    idx = prompts(2, 9, seed=7)
+    torch.testing.assert_close(model(idx, last_only=True)[0], model(idx)[0][:, -1:], atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="last_only"):
+        model(idx, targets=idx, last_only=True)
 
 
 def test_window_slides_to_last_half_and_refills_from_position_zero():
