@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         out_dir = args.dump_dir or (ckpt / "attn")
         try:
             written = dump_attention({layer: w[0] for layer, w in maps.items()}, heads,
-                                     tokenizer.token_strings(ids), out_dir)
+                                     tokenizer.token_strings(ids), out_dir, token_ids=ids)
         except OSError as e:  # a --dump-dir that is a file, or not writable
             raise UserError(f"cannot write attention maps into '{out_dir}': {e.strerror or e}; "
                             f"pass a writable folder with --dump-dir") from None

@@ -18,7 +18,6 @@ to U+FFFD rather than crashing a sampling run.
 from __future__ import annotations
 
 import difflib
-import unicodedata
 from typing import Any, Protocol
 
 import numpy as np
@@ -26,7 +25,6 @@ import numpy as np
 from common.errors import UserError
 
 REPLACEMENT_CHAR = "\ufffd"
-_VISIBLE = {" ": "\u2423", "\n": "\u21b5", "\t": "\\t", "\r": "\\r"}  # ␣ ↵ for heatmap labels
 
 
 class Tokenizer(Protocol):
@@ -40,22 +38,11 @@ class Tokenizer(Protocol):
     def eot(self) -> int | None: ...
     def encode(self, text: str) -> list[int]: ...
     def decode(self, ids: list[int]) -> str: ...
-    def token_strings(self, ids: list[int]) -> list[str]: ...
+    def token_strings(self, ids: list[int]) -> list[str]:
+        """Each token's own text, as is (axis labels are made from it by model.attention_maps.token_label);
+        an id outside the vocabulary is shown as '<id>'."""
     def prompt_ids(self, text: str) -> list[int]: ...
     def to_json(self) -> dict[str, Any]: ...
-
-
-def visible(text: str) -> str:
-    """Make whitespace and control characters visible, for one-token axis labels."""
-    out = []
-    for ch in text:
-        if ch in _VISIBLE:
-            out.append(_VISIBLE[ch])
-        elif unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp", "Cs"):
-            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
-        else:
-            out.append(ch)
-    return "".join(out)
 
 
 class CharTokenizer:
@@ -110,7 +97,7 @@ class CharTokenizer:
 
     def token_strings(self, ids: list[int]) -> list[str]:
         n = len(self.chars)
-        return [visible(self.chars[i]) if 0 <= i < n else f"<{i}>" for i in map(int, ids)]
+        return [self.chars[i] if 0 <= i < n else f"<{i}>" for i in map(int, ids)]
 
     def prompt_ids(self, text: str) -> list[int]:
         """`encode(text)`, but never empty: an empty prompt starts from a newline (else id 0)."""
@@ -170,8 +157,8 @@ class TiktokenTokenizer:
                 labels.append(f"<{int(raw)}>")
                 continue
             piece = self._enc.decode_single_token_bytes(i)
-            # a token may hold part of a multi-byte character: show those bytes as \xNN
-            labels.append(visible(piece.decode("utf-8", errors="backslashreplace")))
+            # a token may hold part of a multi-byte character: those bytes become the text \xNN
+            labels.append(piece.decode("utf-8", errors="backslashreplace"))
         return labels
 
     def prompt_ids(self, text: str) -> list[int]:

@@ -248,13 +248,19 @@ def parse_layer_heads(spec: str, n_layer: int, n_head: int) -> dict[int, list[in
 
 
 def dump_attention(weights_by_layer: dict[int, torch.Tensor], heads_by_layer: dict[int, list[int]],
-                   tokens: Sequence[str], out_dir: str | Path) -> list[Path]:
+                   tokens: Sequence[str], out_dir: str | Path,
+                   token_ids: Sequence[int] | None = None) -> list[Path]:
     """Write `attn.npz` (per layer `layer_L`: all heads (n_head, T, T) float32, `heads_L`: the selected heads;
-    `tokens`: the token strings) and one heatmap `layer_L.png` of the selected heads per layer.
+    `tokens`: the token strings; `token_ids`: the ids, when given - exact where a numpy string array is not,
+    e.g. it drops a token's trailing NUL) and one heatmap `layer_L.png` of the selected heads per layer.
     weights_by_layer holds (n_head, T, T) maps, e.g. GPT.attention_maps(idx)[L][0]."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     arrays: dict[str, np.ndarray] = {"tokens": np.array(list(tokens), dtype=str)}
+    if token_ids is not None:
+        if len(token_ids) != len(tokens):
+            raise ValueError(f"{len(token_ids)} token ids for {len(tokens)} tokens")
+        arrays["token_ids"] = np.array(list(token_ids), dtype=np.int64)
     written = []
     for layer, heads in sorted(heads_by_layer.items()):
         w = weights_by_layer[layer].detach().float().cpu().numpy()  # (n_head, T, T)

@@ -142,7 +142,8 @@ def test_greedy_text_is_the_same_without_the_cache_and_dumps_are_written(ckpts):
     for out_dir, heads in [(d_all, {0: [0, 1, 2, 3], 1: [0, 1, 2, 3]}), (d_some, {0: [0, 1, 2, 3], 1: [0]})]:
         assert sorted(p.name for p in out_dir.iterdir()) == ["attn.npz", "layer_0.png", "layer_1.png"]
         with np.load(out_dir / "attn.npz") as npz:
-            assert npz["tokens"].tolist() == tokenizer.token_strings(ids)
+            assert npz["tokens"].tolist() == tokenizer.token_strings(ids) == list(prompt)
+            assert npz["token_ids"].tolist() == ids
             for layer, selected in heads.items():
                 w = npz[f"layer_{layer}"]
                 assert w.shape == (4, T, T)
