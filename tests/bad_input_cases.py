@@ -259,7 +259,7 @@ CASES: list[Case] = [
           "pass --ckpt an intact checkpoint"),
          damage="other_shape_weights"),
     Case("sample-bad-tokenizer", "sample.py", "checkpoint", DAMAGE["bad_tokenizer"][0], ("--ckpt", "{run}/latest"),
-         ("tokenizer description", "is not valid", "re-create it"), damage="bad_tokenizer"),
+         ("tokenizer description", "is not valid", "config.json is damaged", "--ckpt"), damage="bad_tokenizer"),
 ]
 
 
