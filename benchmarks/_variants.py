@@ -1,0 +1,92 @@
+"""What benchmarks/train_throughput.py measures: its variants, parsed from names such as
+`modern-sdpa-bf16-compile`, and the model configuration each one stands for (see that script's docstring)."""
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from common.errors import UserError
+from model import GPT, ModelConfig
+
+PRESETS = ("gpt2", "modern")
+ATTNS = ("manual", "sdpa")
+DTYPES = {"fp32": None, "bf16": torch.bfloat16}
+VARIANT_RE = re.compile(r"^(?P<preset>gpt2|modern)-(?P<attn>manual|sdpa)-(?P<dtype>fp32|bf16)(?P<compile>-compile)?$")
+DEFAULT_VARIANTS = ("reference", "gpt2-manual-fp32", "gpt2-sdpa-fp32", "gpt2-sdpa-bf16",
+                    "modern-manual-fp32", "modern-sdpa-fp32", "modern-sdpa-bf16")
+
+
+@dataclass
+class Variant:
+    name: str
+    preset: str | None = None  # None: the reference
+    attn: str = "manual"
+    dtype: str = "fp32"
+    compile: bool = False
+    # filled in by setup()
+    step: Callable[[], tuple[float, float]] | None = field(default=None, repr=False)
+    flops_per_token: float = 0.0
+    params: int = 0
+    ms: list[float] = field(default_factory=list)  # ms/step of each timed round
+    peak_mem: float | None = None  # CUDA: bytes this variant added at its peak (weights, optimizer, activations)
+    error: str | None = None
+    last_loss: float = math.nan
+
+    @property
+    def is_reference(self) -> bool:
+        return self.preset is None
+
+
+def parse_variants(text: str, with_compile: bool) -> list[Variant]:
+    if text == "all":
+        names = ["reference"] + [f"{p}-{a}-{d}" for p in PRESETS for a in ATTNS for d in DTYPES]
+    elif text == "default":
+        names = list(DEFAULT_VARIANTS)
+    else:
+        names = [n.strip() for n in text.split(",") if n.strip()]
+    if with_compile and text in ("all", "default"):
+        names += [f"{n}-compile" for n in names if n != "reference"]
+    variants, seen = [], set()
+    for name in names:
+        if name in seen:
+            continue
+        seen.add(name)
+        if name == "reference":
+            variants.append(Variant(name))
+            continue
+        m = VARIANT_RE.match(name)
+        if m is None:
+            raise UserError(f"unknown variant '{name}': use reference or PRESET-ATTN-DTYPE[-compile] with PRESET in "
+                            f"{'|'.join(PRESETS)}, ATTN in {'|'.join(ATTNS)}, DTYPE in {'|'.join(DTYPES)} "
+                            f"(e.g. modern-sdpa-bf16-compile), or 'all' / 'default'")
+        variants.append(Variant(name, m["preset"], m["attn"], m["dtype"], bool(m["compile"])))
+    if not variants:
+        raise UserError("--variants is empty: name at least one variant")
+    return variants
+
+
+def kv_heads_for_gqa(n_head: int) -> int:
+    """n_head/2 when it divides n_head (GQA, two query heads per key/value head), else the largest divisor below."""
+    for kv in range(max(1, n_head // 2), 0, -1):
+        if n_head % kv == 0:
+            return kv
+    return 1
+
+
+def model_config(preset: str, attn: str, args: argparse.Namespace) -> ModelConfig:
+    common = dict(vocab_size=args.vocab, block_size=args.block, n_layer=args.layers, n_head=args.heads,
+                  d_model=args.width, attn_impl=attn, dropout=0.0)
+    if preset == "gpt2":
+        return ModelConfig(**common, mlp="gelu", norm="layernorm", pos="learned", n_kv_head=args.heads)
+    return ModelConfig(**common, mlp="swiglu", norm="rmsnorm", pos="rope", n_kv_head=kv_heads_for_gqa(args.heads))
+
+
+def counting_model(cfg: ModelConfig) -> GPT:
+    """A GPT on the meta device: parameter shapes for counting, no memory, no initialisation cost."""
+    with torch.device("meta"):
+        return GPT(cfg)
