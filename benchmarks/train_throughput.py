@@ -9,7 +9,7 @@ Variants (all on the same random batch, built from the same seed):
                                  Every "vs reference" ratio is taken against it, in the same run.
   PRESET-ATTN-DTYPE[-compile]    attngpt's GPT through training.step.accumulate_gradients + apply_gradients
                                  with training.optim.build_optimizers (TrainConfig defaults: AdamW, lr 1e-3,
-                                 weight decay 0.1 on 2-D weights, fused on CUDA):
+                                 weight decay 0.1 on 2-D weights, fused kernel):
       PRESET  gpt2    gelu MLP, layernorm, learned positions, MHA: the reference's architecture
               modern  swiglu MLP, rmsnorm, RoPE, GQA with n_kv_head = n_head/2 (what configs/small.yaml uses)
       ATTN    manual  the from-scratch softmax(QK^T/sqrt(d))V     sdpa  F.scaled_dot_product_attention
@@ -99,7 +99,7 @@ def setup(v: Variant, args: argparse.Namespace, device: torch.device, batch: tup
     raw.train()
     v.params = raw.num_params()
     v.flops_per_token = raw.flops_per_token(args.block)
-    optimizers = build_optimizers(raw, TrainConfig(batch_size=args.batch, grad_clip=GRAD_CLIP), device.type)
+    optimizers = build_optimizers(raw, TrainConfig(batch_size=args.batch, grad_clip=GRAD_CLIP))
     rt = Runtime(device, DTYPES[v.dtype])
     model = torch.compile(raw) if v.compile else raw
     backend = args.sdpa_backend if v.attn == "sdpa" else "auto"

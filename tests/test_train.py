@@ -75,6 +75,34 @@ def test_muon_optimizer_trains(tmp_path):
     assert result.losses[29] < result.losses[0] - 0.5
 
 
+def test_adamw_is_fused_on_cpu_and_steps_like_textbook_adamw():
+    """build_optimizers picks the fused kernel on a CPU; its updates equal torch's single-tensor AdamW
+    (the for-loop reference implementation) with the same groups: decay on 2-D weights only."""
+    from model import GPT
+    from training.optim import build_optimizers
+    cfg = tiny(Path("unused"), "train.lr=1e-2", "train.weight_decay=0.1")
+    torch.manual_seed(0)
+    model = GPT(cfg.model)
+    twin = GPT(cfg.model)
+    twin.load_state_dict(model.state_dict())
+    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
+    (opt,) = build_optimizers(model, cfg.train).optimizers
+    assert opt.defaults["fused"] is True
+    decay = [p for p in twin.parameters() if p.dim() >= 2]
+    no_decay = [p for p in twin.parameters() if p.dim() < 2]
+    reference = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=1e-2, betas=(cfg.train.beta1, cfg.train.beta2), foreach=False)
+    idx = torch.randint(0, cfg.model.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
+    for _ in range(3):
+        for m, o in ((model, opt), (twin, reference)):
+            o.zero_grad()
+            m(idx, targets=idx)[1].backward()
+            o.step()
+    for (name, a), b in zip(model.named_parameters(), twin.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)
+        assert not torch.equal(a, initial[name]), f"{name} did not move: the comparison would prove little"
+
+
 def test_lr_schedule_warms_up_from_nonzero_and_decays_to_min():
     cfg = tiny(Path("unused"), "train.lr=1e-3", "train.min_lr=1e-4", "train.warmup_iters=10",
                "train.max_iters=100").train

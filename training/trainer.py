@@ -147,7 +147,7 @@ def _train(cfg: RunConfig, rt: Runtime, should_stop: Callable[[int], bool] | Non
         except CheckpointError as e:
             raise UserError(f"cannot resume from '{latest}': {e}; use another out_dir, or delete '{out_dir}' to "
                             f"start over") from None
-    optimizers = build_optimizers(model, tc, rt.device_type)
+    optimizers = build_optimizers(model, tc)
     loader = BatchLoader(prepared.train_path, prepared.dtype, model_cfg.block_size, tc.batch_size,
                          seed=cfg.seed, rank=rt.rank, world_size=rt.world_size, device=rt.device)
     start_step, best_val, skipped = 0, math.inf, 0
