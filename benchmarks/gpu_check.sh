@@ -28,9 +28,10 @@
 #      flash SDPA (forced: --sdpa-backend flash), eager and torch.compile'd; appended to RESULTS.md (--save)
 #   5. a short configs/small.yaml run on CUDA in bf16 (500 steps, an eval every 100) into /tmp/small-gpu,
 #      then its val loss vs wall-clock table (benchmarks/quality_vs_time.py --metrics), appended to RESULTS.md
-#   6. torch.profiler's top 25 CUDA ops of the bf16 compiled 124M training step (for explaining where time goes)
-#   -  benchmarks/sample_speed.py is NOT run: it has no --device flag (it builds its models on the CPU)
-#   7. copy benchmarks/RESULTS.md and the small run's metrics.jsonl to $OUT
+#   6. benchmarks/sample_speed.py on CUDA in bf16: tokens/s with and without the KV cache at 64/256/1024 tokens
+#      of context, ms/token at positions 10 and 1000, cache bytes; appended to RESULTS.md
+#   7. torch.profiler's top 25 CUDA ops of the bf16 compiled 124M training step (for explaining where time goes)
+#   8. copy benchmarks/RESULTS.md and the small run's metrics.jsonl to $OUT
 # Everything, commands included (set -x), is logged to $OUT/gpu_check.log if $OUT is set, else ./gpu_check.log.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
@@ -106,15 +107,15 @@ print("imports OK without datasets and wandb")'
     step "quality_vs_time table" 30 "$PY" benchmarks/quality_vs_time.py --metrics /tmp/small-gpu/metrics.jsonl \
         --note "trained by: python train.py configs/small.yaml device=cuda dtype=bfloat16 train.max_iters=500 eval.interval=100 wandb.mode=disabled out_dir=/tmp/small-gpu"
 
-    # 6. where the time of a compiled bf16 124M step goes
+    # 6. sampling speed with and without the KV cache, on the GPU
+    step "sample_speed cuda bf16" 90 "$PY" benchmarks/sample_speed.py --device cuda --dtype bfloat16 --reps 2
+
+    # 7. where the time of a compiled bf16 124M step goes
     step "profile 124M bf16 compile" 120 "$PY" benchmarks/train_throughput.py --device cuda \
         --vocab 50304 --block 1024 --batch 16 --layers 12 --heads 12 --width 768 \
         --sdpa-backend flash --warmup 3 --profile gpt2-sdpa-bf16-compile --profile-steps 5
 
-    # sample_speed.py has no --device flag (CPU only): not run here
-    echo "NOTE: benchmarks/sample_speed.py not run: it has no --device flag and builds its models on the CPU"
-
-    # 7. results back
+    # 8. results back
     if [[ "$OUT_DIR" != "." ]]; then
         cp benchmarks/RESULTS.md "$OUT_DIR/RESULTS.md" || FAILED+=("copy RESULTS.md")
         [[ -f /tmp/small-gpu/metrics.jsonl ]] && cp /tmp/small-gpu/metrics.jsonl "$OUT_DIR/small-gpu-metrics.jsonl"
