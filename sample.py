@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--seed must be an integer from -2**63 to 2**64-1, got {args.seed}")
 
     ckpt = resolve_checkpoint(args.ckpt or default_checkpoint())
-    device = resolve_device(args.device)
+    device = resolve_device(args.device, setting="--device ")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
     if dtype == torch.float16 and device.type == "cpu":
         raise UserError("--dtype float16 is slow or unsupported on CPU: use bfloat16 or float32")

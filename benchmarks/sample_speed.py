@@ -156,7 +156,7 @@ def main() -> None:
     parser.add_argument("--save", action="store_true", help="append to RESULTS.md even with --quick")
     args = parser.parse_args()
     with user_errors_exit("sample_speed"):
-        device = resolve_device(args.device)
+        device = resolve_device(args.device, setting="--device ")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -212,7 +212,7 @@ def main() -> None:
             args.steps, args.repeats, args.warmup, args.peak_trials = 2, 2, 1, 1
         if args.threads:
             torch.set_num_threads(args.threads)
-        device = resolve_device(args.device)
+        device = resolve_device(args.device, setting="--device ")
         variants = parse_variants(args.profile or args.variants, args.compile)
         model_config("gpt2", "manual", args)  # shape errors now, as one line
         model_config("modern", "sdpa", args)

@@ -248,6 +248,8 @@ CASES: list[Case] = [
     Case("sample-too-many-samples", "sample.py", "environment", "--num-samples far beyond memory",
          ("--ckpt", "{run}", "--num-samples", "200000000", "--max-new-tokens", "2"),
          ("not enough memory on cpu for 200000000 sample(s)", "lower --num-samples")),
+    Case("sample-no-cuda", "sample.py", "environment", "--device cuda", ("--ckpt", "{run}", "--device", "cuda"),
+         ("device 'cuda' asked for, but this machine has no usable CUDA GPU", "use --device cpu"), needs_no_gpu=True),
     Case("sample-weights-pickle", "sample.py", "checkpoint", DAMAGE["weights_pickle"][0], ("--ckpt", "{run}/latest"),
          ("model.safetensors' is corrupted or truncated", "pass --ckpt an intact checkpoint"),
          damage="weights_pickle"),

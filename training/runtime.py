@@ -42,8 +42,9 @@ class Runtime:
         return torch.autocast(device_type=self.device_type, dtype=self.autocast_dtype)
 
 
-def resolve_device(name: str) -> torch.device:
-    """'auto' -> cuda > mps > cpu; an explicit device that this machine lacks is a UserError."""
+def resolve_device(name: str, setting: str = "device=") -> torch.device:
+    """'auto' -> cuda > mps > cpu; an explicit device that this machine lacks is a UserError, whose advice
+    is written as the caller's user sets a device: `setting` + value ("device=cpu", "--device cpu")."""
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
@@ -57,12 +58,12 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise UserError(f"device '{name}' asked for, but this machine has no usable CUDA GPU: "
-                            f"use device=cpu (or device=auto)")
+                            f"use {setting}cpu (or {setting}auto)")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise UserError(f"device '{name}': this machine has {torch.cuda.device_count()} GPU(s)")
     elif device.type == "mps":
         if not (getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()):
-            raise UserError(f"device '{name}' asked for, but MPS is not available here: use device=cpu")
+            raise UserError(f"device '{name}' asked for, but MPS is not available here: use {setting}cpu")
     elif device.type != "cpu":
         raise UserError(f"device '{name}' is not supported: use auto, cpu, cuda, cuda:N or mps")
     return device
