@@ -20,13 +20,14 @@ warning line. In arguments and environment values these placeholders stand for p
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+
+from tests.helpers import Plant
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "bad_inputs.md"
@@ -54,18 +55,6 @@ class Case:
 
 
 # --- ways to damage {run}/latest ---------------------------------------------------------------------------
-
-class Plant:
-    """A pickle payload whose unpickling would create the marker file: proof that code ran."""
-
-    def __init__(self, marker: Path, how: str):
-        self.marker, self.how = str(marker), how
-
-    def __reduce__(self):
-        if self.how == "system":
-            return (os.system, (f"touch '{self.marker}'",))
-        return (open, (self.marker, "w"))
-
 
 def _torch_save(obj, path: Path) -> None:
     import torch

@@ -33,3 +33,11 @@ def trained(tmp_path_factory, data_dir):
         mp.setenv("ATTNGPT_DATA_DIR", str(data_dir))
         result = train(tiny_config(out, "train.max_iters=2", "eval.interval=2", "attn.enabled=false"))
     return out, result.model
+
+
+@pytest.fixture
+def data_env(data_dir, monkeypatch):
+    """Point data preparation at the module's `data_dir` and keep W&B off, for modules that train
+    in-process (`pytestmark = pytest.mark.usefixtures("data_env")`)."""
+    monkeypatch.setenv("ATTNGPT_DATA_DIR", str(data_dir))
+    monkeypatch.setenv("WANDB_MODE", "disabled")

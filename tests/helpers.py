@@ -15,6 +15,19 @@ SHAKESPEARE_SOURCES = [REPO / "data" / "cache" / "tinyshakespeare" / "input.txt"
                        REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"]
 
 
+class Plant:
+    """A pickle payload whose unpickling would create the `marker` file: proof that code ran. `how`:
+    "system" runs a shell command (os.system), anything else opens the file for writing (builtins.open)."""
+
+    def __init__(self, marker: Path, how: str):
+        self.marker, self.how = str(marker), how
+
+    def __reduce__(self):
+        if self.how == "system":
+            return (os.system, (f"touch '{self.marker}'",))
+        return (open, (self.marker, "w"))
+
+
 def shakespeare_data_dir(root: Path) -> Path:
     """A data folder holding tinyshakespeare/input.txt (the test skips when no copy is on this machine)."""
     target = root / "tinyshakespeare" / "input.txt"

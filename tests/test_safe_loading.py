@@ -3,7 +3,6 @@ model.safetensors and config.json are refused (and the payloads are shown to be 
 or foreign training state is refused in one line."""
 from __future__ import annotations
 
-import os
 import pickle
 import shutil
 from pathlib import Path
@@ -12,7 +11,7 @@ import pytest
 import torch
 
 from model.checkpoint import CheckpointError, load_model
-from tests.helpers import fresh_copy, prepared_shakespeare_dir
+from tests.helpers import Plant, fresh_copy, prepared_shakespeare_dir
 from training.checkpoint import LATEST, STATE_FILE, load_train_state
 
 
@@ -21,24 +20,12 @@ def data_dir(tmp_path_factory) -> Path:
     return prepared_shakespeare_dir(tmp_path_factory.mktemp("data"))
 
 
-class Touch:
-    """Unpickling this creates `path`: proof that code ran."""
-
-    def __init__(self, path: Path, how: str):
-        self.path, self.how = str(path), how
-
-    def __reduce__(self):
-        if self.how == "system":
-            return (os.system, (f"touch '{self.path}'",))
-        return (open, (self.path, "w"))
-
-
 def test_planted_pickles_are_refused_and_never_run(tmp_path, trained):
     out, _ = fresh_copy(trained, tmp_path)
     marker = tmp_path / "code_ran"
     # the payloads are live: plain pickle.loads would run them
     for how in ("system", "open"):
-        pickle.loads(pickle.dumps(Touch(marker, how)))
+        pickle.loads(pickle.dumps(Plant(marker, how)))
         assert marker.exists()
         marker.unlink()
 
@@ -49,18 +36,18 @@ def test_planted_pickles_are_refused_and_never_run(tmp_path, trained):
         return directory
 
     state_cases = [
-        planted("state_zip_system", lambda d: torch.save({"step": 1, "rng": Touch(marker, "system")}, d / STATE_FILE)),
-        planted("state_zip_open", lambda d: torch.save([Touch(marker, "open")], d / STATE_FILE)),
-        planted("state_raw_pickle", lambda d: (d / STATE_FILE).write_bytes(pickle.dumps(Touch(marker, "system"), 2))),
+        planted("state_zip_system", lambda d: torch.save({"step": 1, "rng": Plant(marker, "system")}, d / STATE_FILE)),
+        planted("state_zip_open", lambda d: torch.save([Plant(marker, "open")], d / STATE_FILE)),
+        planted("state_raw_pickle", lambda d: (d / STATE_FILE).write_bytes(pickle.dumps(Plant(marker, "system"), 2))),
     ]
     for directory in state_cases:
         with pytest.raises(CheckpointError, match="refusing to load it, since unpickling it could run code"):
             load_train_state(directory)
     weights = planted("weights_pickle", lambda d: (d / "model.safetensors").write_bytes(
-        pickle.dumps(Touch(marker, "system"))))
+        pickle.dumps(Plant(marker, "system"))))
     with pytest.raises(CheckpointError, match="corrupted or truncated"):
         load_model(weights)
-    config = planted("config_pickle", lambda d: (d / "config.json").write_bytes(pickle.dumps(Touch(marker, "open"))))
+    config = planted("config_pickle", lambda d: (d / "config.json").write_bytes(pickle.dumps(Plant(marker, "open"))))
     with pytest.raises(CheckpointError, match="config.json' is corrupted or not an attngpt config"):
         load_model(config)
     assert not marker.exists()

@@ -24,10 +24,7 @@ def data_dir(tmp_path_factory) -> Path:
     return shakespeare_data_dir(tmp_path_factory.mktemp("data"))
 
 
-@pytest.fixture(autouse=True)
-def _data_env(data_dir, monkeypatch):
-    monkeypatch.setenv("ATTNGPT_DATA_DIR", str(data_dir))
-    monkeypatch.setenv("WANDB_MODE", "disabled")
+pytestmark = pytest.mark.usefixtures("data_env")  # conftest.py: ATTNGPT_DATA_DIR -> data_dir, W&B off
 
 
 def tiny(out_dir: Path, *overrides: str):
