@@ -32,19 +32,6 @@ def default_checkpoint() -> Path:
         return Path("runs/small")
 
 
-def resolve_checkpoint(path: Path) -> Path:
-    """A checkpoint folder itself, or a run's out_dir (its best/, else latest/)."""
-    from training.checkpoint import BEST, LATEST, checkpoint_dir
-    if (path / "config.json").is_file():
-        return path
-    for name in (BEST, LATEST):
-        found = checkpoint_dir(path, name) if path.is_dir() else None
-        if found is not None:
-            return found
-    raise UserError(f"no checkpoint at '{path}': train one with `python train.py configs/small.yaml`, "
-                    f"or pass --ckpt with a run's out_dir")
-
-
 def positive_or_none(value: float | None, name: str, low: float, high: float | None = None) -> None:
     if value is None:
         return
@@ -111,10 +98,10 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     import torch
     from data.tokenizer import tokenizer_from_json
-    from model.attention_maps import dump_attention, parse_layer_heads
-    from model.checkpoint import load_model
+    from common.device import resolve_device
+    from insight.dump import dump_attention, parse_layer_heads
+    from model.checkpoint import find_checkpoint, load_model
     from model.generate import generate
-    from training.runtime import resolve_device
 
     positive_or_none(args.temperature, "--temperature", 0.0)
     positive_or_none(args.top_k, "--top-k", 1)
@@ -127,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     if not -2**63 <= args.seed < 2**64:  # what torch.Generator.manual_seed takes
         raise UserError(f"--seed must be an integer from -2**63 to 2**64-1, got {args.seed}")
 
-    ckpt = resolve_checkpoint(args.ckpt or default_checkpoint())
+    ckpt = find_checkpoint(args.ckpt or default_checkpoint())
     device = resolve_device(args.device, setting="--device ")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
     if dtype == torch.float16 and device.type == "cpu":

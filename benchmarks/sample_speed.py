@@ -38,7 +38,8 @@ import _report  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
 from common.errors import user_errors_exit  # noqa: E402
 from model.generate import generate  # noqa: E402
-from training.runtime import resolve_device, synchronize  # noqa: E402
+from common.device import resolve_device  # noqa: E402
+from training.runtime import synchronize  # noqa: E402
 
 CONTEXTS = (64, 256, 1024)
 POSITIONS = (10, 1000)

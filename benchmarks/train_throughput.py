@@ -55,7 +55,8 @@ from model import GPT  # noqa: E402
 from reference_gpt import ReferenceGPT  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
 from training.optim import build_optimizers  # noqa: E402
-from training.runtime import Runtime, measure_peak_flops, resolve_device, synchronize  # noqa: E402
+from common.device import resolve_device  # noqa: E402
+from training.runtime import Runtime, measure_peak_flops, synchronize  # noqa: E402
 from training.step import accumulate_gradients, apply_gradients  # noqa: E402
 
 GRAD_CLIP = 1.0

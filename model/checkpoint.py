@@ -3,6 +3,8 @@ e.g. the tokenizer). Everything sampling needs, and nothing that runs code when 
 JSON are data formats, unlike pickle.
 
 Writing is not atomic here: callers write into a fresh folder and rename it (training/checkpoint.py).
+Reading never writes: `find_checkpoint` and `load_model` rename, delete and create nothing, so they are
+safe while a run is saving into the same folder.
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from model.gpt import GPT
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
+BEST = "best"  # a run's lowest-val-loss checkpoint: what sampling reads first
+LATEST = "latest"  # a run's newest checkpoint: what a resume continues
 
 
 class CheckpointError(ValueError):
@@ -41,6 +45,25 @@ def save_model(model: GPT, directory: str | Path, extra: dict[str, Any] | None =
     (directory / CONFIG_FILE).write_text(json.dumps(payload, indent=2))
     for name in (WEIGHTS_FILE, CONFIG_FILE):
         fsync_file(directory / name)
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """The checkpoint folder to read for `path`: the folder itself when it holds a config.json, else a run's
+    out_dir's best/, else its latest/.
+
+    A run swaps a new checkpoint in with two renames (`name` -> `.name.old`, `.name.tmp` -> `name`); a reader
+    that arrives between them finds `name` missing and reads the complete `.name.old` where it lies. Only
+    the training run itself, which owns the folder, ever moves it back."""
+    path = Path(path)
+    if (path / CONFIG_FILE).is_file():
+        return path
+    if path.is_dir():
+        for name in (BEST, LATEST):
+            for candidate in (path / name, path / f".{name}.old"):
+                if (candidate / CONFIG_FILE).is_file():
+                    return candidate
+    raise CheckpointError(f"no checkpoint at '{path}': train one with `python train.py configs/small.yaml`, "
+                          f"or pass --ckpt a run's out_dir or a checkpoint folder")
 
 
 def read_config(directory: str | Path) -> dict[str, Any]:

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
+from insight.heatmap import attention_grid_image, draw_heatmap, token_label
+from insight.stats import (STAT_NAMES, attention_entropy, decay_exponent, distance_profile, head_stats, mean_distance,
+                           sink_mass)
 from model import GPT, ModelConfig
-from model.attention_maps import (STAT_NAMES, attention_entropy, attention_grid_image, decay_exponent,
-                                  distance_profile, draw_heatmap, head_stats, mean_distance, sink_mass,
-                                  token_label)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -193,6 +193,6 @@ def test_attention_grid_image_is_rgb_uint8():
 
 
 def test_import_is_cheap_and_does_not_load_matplotlib():
-    code = "import sys, model.attention_maps; print('matplotlib' in sys.modules)"
+    code = "import sys, insight.stats, insight.heatmap, insight.dump; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from model import GPT, ModelConfig
-from model.attention_maps import dump_attention
+from insight.dump import dump_attention
 from model.generate import generate
 
 VOCAB = 29

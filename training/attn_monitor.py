@@ -3,7 +3,7 @@
 At every eval (or every `wandb.attn_interval` steps) a fixed probe text goes through the from-scratch
 attention path, in eval mode with no grad, and the run records:
   - per layer and head: entropy, sink mass, mean distance and the decay exponent gamma
-    (model/attention_maps.py), as W&B scalars `attn/L{layer}.H{head}/{stat}` and rows of
+    (insight/stats.py), as W&B scalars `attn/L{layer}.H{head}/{stat}` and rows of
     `out_dir/attn/stats.csv` (step, layer, head, stats...);
   - a heatmap grid of every head of the configured layers, as `out_dir/attn/layer_{L}/step_{S}.png`
     and a W&B image under `attn/layer_{L}` (one key per layer, so the media panel steps through training).
@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from data.prepare import PreparedData
-from model.attention_maps import STAT_NAMES, draw_heatmap, head_stats
+from insight.heatmap import draw_heatmap
+from insight.stats import STAT_NAMES, head_stats
 from model.gpt import GPT
 from training.config import RunConfig
 from training.logger import RunLogger

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from common.errors import UserError
-from model.checkpoint import CheckpointError, fsync_file, save_model
+from model.checkpoint import BEST, LATEST, CheckpointError, fsync_file, save_model
 from model.gpt import GPT
 
 try:
@@ -35,8 +35,6 @@ try:
 except ImportError:  # older safetensors do not export it; their write errors are OSErrors
     SafetensorError = OSError
 
-LATEST = "latest"
-BEST = "best"
 STATE_FILE = "train_state.pt"
 TEST_SAVE_DELAY_ENV = "ATTNGPT_TEST_SAVE_DELAY"
 # what a failed write raises: OSError from Python, RuntimeError from torch.save's zip writer,

@@ -1,0 +1,116 @@
+"""Per-head statistics of attention maps: what the attention of a trained GPT looks like, in numbers.
+
+`GPT.attention_maps` returns causal weights (B, n_head, T, T). A picture of every head of every layer
+is too much to read at every logging step, so this module boils each head down to four numbers that
+can be logged during training (cheap, vectorised, on whatever device the weights live).
+
+Statistics (all per head; row i is query position i, which sees keys j <= i):
+  entropy        mean over queries of H(row i) / log(i + 1): 1 = uniform over the visible keys, 0 = one key.
+  sink_mass      mean over queries of w[i, 0]: how much attention is parked on the first token.
+  mean_distance  mean over queries of sum_j w[i, j] (i - j), in tokens.
+  decay_gamma    gamma of the power law m(d) ~ d**(-gamma), m(d) = mean weight at distance d = i - j.
+Query row 0 sees only key 0 (its entropy is 0/0, its sink mass is always 1, its distance always 0),
+so it carries no information: all three per-row means are over rows 1..T-1 (NaN when T == 1).
+"""
+from __future__ import annotations
+
+from typing import Union
+
+import numpy as np
+import torch
+
+ArrayLike = Union[torch.Tensor, np.ndarray]
+
+STAT_NAMES = ("entropy", "sink_mass", "mean_distance", "decay_gamma")
+
+
+def _as_maps(weights: ArrayLike) -> torch.Tensor:
+    """(n_head, T, T) or (B, n_head, T, T) -> (B, n_head, T, T), float32 or wider, detached."""
+    w = torch.as_tensor(weights).detach()
+    if w.dim() == 3:
+        w = w.unsqueeze(0)
+    if w.dim() != 4 or w.shape[-1] != w.shape[-2]:
+        raise ValueError(f"attention weights must be (n_head, T, T) or (B, n_head, T, T), got {tuple(w.shape)}")
+    return w.to(torch.promote_types(w.dtype, torch.float32))
+
+
+def _row_mean(per_row: torch.Tensor) -> np.ndarray:
+    """(B, n_head, T) per-query values -> (n_head,): mean over rows 1..T-1, then over the batch."""
+    if per_row.shape[-1] < 2:
+        return np.full(per_row.shape[1], np.nan)
+    return per_row[..., 1:].mean(dim=(0, 2)).double().cpu().numpy()
+
+
+def attention_entropy(weights: ArrayLike) -> np.ndarray:
+    """Normalised attention entropy per head, (n_head,).
+
+    Row i's entropy -sum_j w_ij log w_ij (0 log 0 = 0) divided by log(i + 1), the entropy of uniform
+    attention over the i + 1 visible keys; averaged over query rows 1..T-1 (row 0 has log 1 = 0) and
+    over the batch. 1 = uniform, 0 = all weight on one key.
+    """
+    w = _as_maps(weights)  # (B, H, T, T)
+    T = w.shape[-1]
+    h = -torch.special.xlogy(w, w).sum(dim=-1)  # (B, H, T) in nats
+    norm = torch.log(torch.arange(1, T + 1, device=w.device, dtype=w.dtype)).clamp_min(1e-30)  # (T,): log(i+1)
+    return _row_mean(h / norm)
+
+
+def sink_mass(weights: ArrayLike) -> np.ndarray:
+    """Mean weight on key 0 per head, (n_head,), over query rows 1..T-1 (row 0's is always 1) and the batch."""
+    w = _as_maps(weights)
+    return _row_mean(w[..., :, 0])  # (B, H, T)
+
+
+def mean_distance(weights: ArrayLike) -> np.ndarray:
+    """Mean attention distance in tokens per head, (n_head,): sum_j w_ij (i - j), averaged over query
+    rows 1..T-1 (row 0's is always 0) and the batch. Uniform causal attention gives i/2 on row i."""
+    w = _as_maps(weights)
+    T = w.shape[-1]
+    pos = torch.arange(T, device=w.device, dtype=w.dtype)  # (T,)
+    dist = pos * w.sum(dim=-1) - w @ pos  # (B, H, T): i * sum_j w_ij - sum_j w_ij j
+    return _row_mean(dist)
+
+
+def distance_profile(weights: ArrayLike) -> np.ndarray:
+    """m(d) per head, (n_head, T): mean over the batch and over queries i >= d of w[i, i - d], d = 0..T-1."""
+    w = _as_maps(weights)
+    B, H, T, _ = w.shape
+    i = torch.arange(T, device=w.device)
+    d = i[:, None] - i[None, :]  # (T, T): distance i - j
+    d = torch.where(d >= 0, d, torch.full_like(d, T))  # the future goes to an overflow bin T
+    sums = torch.zeros(H, T + 1, device=w.device, dtype=w.dtype)
+    sums.scatter_add_(1, d.reshape(1, T * T).expand(H, -1), w.sum(dim=0).reshape(H, T * T))  # (H, T+1)
+    counts = (B * (T - torch.arange(T, device=w.device))).to(w.dtype)  # (T,): B * (T - d) queries reach distance d
+    return (sums[:, :T] / counts).double().cpu().numpy()
+
+
+def decay_exponent(weights: ArrayLike) -> np.ndarray:
+    """Power-law decay exponent gamma per head, (n_head,), positive when attention decays with distance.
+
+    Fits log m(d) = c - gamma * log d by least squares over d = 1..T-1 (m from `distance_profile`,
+    pooled over the batch), skipping distances with m(d) <= 0 or not finite; weights ~ d**-2 give
+    gamma = 2. NaN for a head with fewer than 2 usable distances.
+    """
+    m = distance_profile(weights)[:, 1:]  # (H, T-1): d = 1..T-1
+    x = np.log(np.arange(1, m.shape[1] + 1, dtype=np.float64))  # (T-1,)
+    ok = np.isfinite(m) & (m > 0)  # (H, T-1)
+    y = np.log(np.where(ok, m, 1.0))
+    n = ok.sum(axis=1)  # (H,)
+    safe_n = np.maximum(n, 1)
+    x_mean = (ok * x).sum(axis=1) / safe_n
+    y_mean = (ok * y).sum(axis=1) / safe_n
+    dx = np.where(ok, x - x_mean[:, None], 0.0)
+    dy = np.where(ok, y - y_mean[:, None], 0.0)
+    sxx = (dx * dx).sum(axis=1)
+    slope = (dx * dy).sum(axis=1) / np.where(sxx > 0, sxx, 1.0)
+    return np.where((n >= 2) & (sxx > 0), -slope, np.nan)
+
+
+def head_stats(weights: ArrayLike) -> dict[str, np.ndarray]:
+    """All of STAT_NAMES for weights (n_head, T, T) or (B, n_head, T, T): {name: (n_head,) float64}.
+
+    entropy, sink_mass and mean_distance are the batch mean of the per-item values; decay_gamma is
+    fitted once to the distance profile pooled over the batch (steadier than averaging B fits)."""
+    w = _as_maps(weights)
+    return {"entropy": attention_entropy(w), "sink_mass": sink_mass(w),
+            "mean_distance": mean_distance(w), "decay_gamma": decay_exponent(w)}
