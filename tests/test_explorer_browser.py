@@ -15,6 +15,7 @@ import torch
 
 from insight.dump import dump_internals
 from insight.explorer import write_explorer
+from insight.explorer.pack import dequantise_rows, quantise_rows
 from tests.test_explorer import ids, lively_model
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
@@ -53,6 +54,15 @@ def dumped(tmp_path_factory):
     with np.load(out / "attn.npz") as npz:
         arrays = {name: npz[name] for name in npz.files}
     return out, arrays, internals, tokens
+
+
+def viridis(x: np.ndarray) -> np.ndarray:
+    """The page's colour map: five viridis stops, linearly interpolated (x in [0, 1]) -> RGB 0..255."""
+    stops = np.array([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]], dtype=float)
+    t = np.clip(x, 0, 1) * 4
+    k = np.minimum(np.floor(t), 3).astype(int)
+    f = (t - k)[..., None]
+    return np.round(stops[k] * (1 - f) + stops[k + 1] * f)
 
 
 def open_page(driver, path):
@@ -158,6 +168,15 @@ def test_model_view_and_statistics(browser, dumped):
     assert len(browser.find_elements(By.CSS_SELECTOR, "canvas.thumb")) == 2 * 4
     browser.find_element(By.ID, "thumb-1-2").click()
     assert browser.find_element(By.ID, "opened-title").text == "layer 1, head 2"
+    # the opened map, one pixel per (query, key): grey for the future, else the colour of sqrt(8-bit weight)
+    pixels = np.array(browser.execute_script("""const c = document.getElementById('opened-map');
+        return Array.from(c.getContext('2d').getImageData(0, 0, c.width, c.height).data)"""), dtype=float)
+    pixels = pixels.reshape(T, T, 4)[..., :3]
+    codes, row_max = quantise_rows(npz["layer_1"])
+    colours = viridis(np.sqrt(dequantise_rows(codes, row_max)[2]))
+    future = np.triu(np.ones((T, T), dtype=bool), 1)
+    assert (pixels[future] == 217).all()
+    assert np.abs(pixels[~future] - colours[~future]).max() <= 4  # within one colour step
     assert browser.find_element(By.ID, "step-head").get_attribute("value") == "2"  # the step view follows
     browser.find_element(By.ID, "tab-stats").click()
     browser.find_element(By.CSS_SELECTOR, "#stats-table th[data-col='entropy']").click()

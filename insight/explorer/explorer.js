@@ -16,15 +16,23 @@
   const A = {}, D = {};
   const st = { layer: M.layers[0], heads: new Set(), focus: 0, query: W - 1, key: null, side: "q", hover: null,
                vw: false, opened: null, sort: { key: null, dir: 1 } };
-  const api = window.attnExplorer = { meta: M, state: st, ready: false, detailReady: false };
+  const api = window.attnExplorer = { meta: M, state: st, ready: false, detailReady: false,
+                                      marks: { script: performance.now() } }; // ms since navigation began
 
   // ---- data --------------------------------------------------------------------------------------
-  function bytesOf(id) {
+  const pause = () => new Promise((resolve) => setTimeout(resolve, 0));
+  // base64 -> bytes: natively where the browser can, else in slices that leave the page responsive
+  async function bytesOf(id) {
     const text = $(id).textContent.trim();
     if (!text) return null;
-    const bin = atob(text);
-    const out = new Uint8Array(bin.length);
-    for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
+    if (Uint8Array.fromBase64) return Uint8Array.fromBase64(text);
+    const out = new Uint8Array(text.length / 4 * 3 - (text.endsWith("==") ? 2 : text.endsWith("=") ? 1 : 0));
+    const SLICE = 1 << 20; // base64 characters per slice, a multiple of 4
+    for (let start = 0, o = 0; start < text.length; start += SLICE) {
+      const bin = atob(text.slice(start, start + SLICE));
+      for (let i = 0; i < bin.length; i++) out[o++] = bin.charCodeAt(i);
+      await pause();
+    }
     return out;
   }
   async function gunzip(bytes) {
@@ -158,11 +166,13 @@
   // one head as an S x S image: each pixel the largest weight of the cells it covers, colour ~ sqrt(weight)
   function drawMap(canvas, L, h, S) {
     canvas.width = canvas.height = S;
-    const peak = new Float32Array(S * S).fill(-1);
+    const peak = new Float32Array(S * S).fill(-1), codes = A["attn." + L], scale = A["scale." + L];
+    const col = Int32Array.from({ length: W }, (_, j) => Math.floor(j * S / W));
+    let c = h * TRI; // alpha(L, h, i, j) inlined: this loop runs W * W / 2 times per head
     for (let i = 0; i < W; i++) {
-      const r = Math.floor(i * S / W) * S;
-      for (let j = 0; j <= i; j++) {
-        const p = r + Math.floor(j * S / W), a = alpha(L, h, i, j);
+      const r = col[i] * S, unit = scale[h * W + i] / 255;
+      for (let j = 0; j <= i; j++, c++) {
+        const p = r + col[j], a = codes[c] * unit;
         if (a > peak[p]) peak[p] = a;
       }
     }
@@ -176,6 +186,14 @@
     }
     ctx.putImageData(img, 0, 0);
   }
+  // The small maps are drawn a few at a time after the page is ready (all at once if the tab opens first).
+  const pendingMaps = [];
+  function drawPendingMaps(budgetMs) {
+    const t0 = performance.now();
+    while (pendingMaps.length && performance.now() - t0 < budgetMs) pendingMaps.shift()();
+    if (pendingMaps.length && budgetMs < Infinity) setTimeout(() => drawPendingMaps(budgetMs), 0);
+    else if (!pendingMaps.length) api.modelViewMs = api.modelViewMs || performance.now();
+  }
   function buildModelView() {
     const grid = $("model-grid"), S = Math.min(W, 96);
     grid.style.gridTemplateColumns = `40px repeat(${H}, 66px)`;
@@ -185,7 +203,7 @@
       grid.append(el("span", { class: "lbl" }, "layer " + L));
       for (let h = 0; h < H; h++) {
         const c = el("canvas", { class: "thumb", id: `thumb-${L}-${h}`, title: `layer ${L}, head ${h}` });
-        drawMap(c, L, h, S);
+        pendingMaps.push(() => drawMap(c, L, h, S));
         c.addEventListener("click", () => openHead(L, h));
         grid.append(c);
       }
@@ -341,24 +359,32 @@
 
   // ---- start -------------------------------------------------------------------------------------
   function showTab(name) {
+    if (name === "model") drawPendingMaps(Infinity);
     for (const b of document.querySelectorAll(".tab")) b.classList.toggle("active", b.dataset.tab === name);
     for (const p of ["head", "model", "stats"]) $(`pane-${p}`).classList.toggle("hidden", p !== name);
   }
   async function start() {
     if (typeof DecompressionStream === "undefined") throw new Error("this browser lacks DecompressionStream (Chrome 80+, Firefox 113+, Safari 16.4+)");
-    unpack(await gunzip(bytesOf("attn-data")), M.arrays, A);
+    unpack(await gunzip(await bytesOf("attn-data")), M.arrays, A);
+    api.marks.decoded = performance.now();
     $("info").textContent = (M.info ? M.info + " · " : "") + `${M.layers.length} of ${M.n_layer} layers × ${H} heads (${M.n_kv_head} kv), ` +
       `d_k ${DK} · ${W === M.n_tokens ? W + " tokens" : `tokens 0–${W - 1} of ${M.n_tokens} (window)`}`;
     for (const b of document.querySelectorAll(".tab")) b.addEventListener("click", () => showTab(b.dataset.tab));
-    buildHeadView(); buildStep(); buildModelView(); buildStats();
+    buildHeadView(); buildStep();
+    api.marks.headView = performance.now();
+    buildModelView();
+    api.marks.modelView = performance.now();
+    buildStats();
     setLayer(st.layer, M.selected[st.layer]);
     api.ready = true;
     api.readyMs = performance.now();
     document.documentElement.dataset.ready = "1";
     $("status").textContent = `ready in ${Math.round(api.readyMs)} ms`;
-    const detail = bytesOf("attn-detail");
+    setTimeout(() => drawPendingMaps(30), 0);
+    const detail = await bytesOf("attn-detail");
     if (detail) unpack(await gunzip(detail), M.detail_arrays, D);
     api.detailReady = true;
+    api.detailMs = performance.now();
     document.documentElement.dataset.detail = "1";
     renderStep();
   }
