@@ -196,9 +196,9 @@
   }
   function buildModelView() {
     const grid = $("model-grid"), S = Math.min(W, 96);
-    grid.style.gridTemplateColumns = `40px repeat(${H}, 66px)`;
+    grid.style.gridTemplateColumns = `54px repeat(${H}, minmax(0, 72px))`; // the maps shrink to fit the pane
     grid.append(el("span"));
-    for (let h = 0; h < H; h++) grid.append(el("span", { class: "lbl" }, "head " + h));
+    for (let h = 0; h < H; h++) grid.append(el("span", { class: "lbl head", title: "head " + h }, H > 8 ? h : "head " + h));
     for (const L of M.layers) {
       grid.append(el("span", { class: "lbl" }, "layer " + L));
       for (let h = 0; h < H; h++) {
