@@ -96,6 +96,5 @@ def dump_internals(internals: dict[int, AttentionInternals], heads_by_layer: dic
     written = dump_attention({layer: it.weights[0] for layer, it in internals.items()}, heads_by_layer, tokens,
                              out_dir, token_ids=token_ids,
                              value_norms={layer: internals_value_norms(it)[0] for layer, it in internals.items()})
-    html = write_explorer(out_dir / "attention.html", internals, tokens, heads_by_layer, title=title,
-                          info=f"{len(tokens)} prompt tokens", n_layer=n_layer)
+    html = write_explorer(out_dir / "attention.html", internals, tokens, heads_by_layer, title=title, n_layer=n_layer)
     return [*written, html]

@@ -134,6 +134,10 @@ def test_step_by_step_row_is_the_model_row(browser, dumped):
     expected = it.weights[0, head, i].double() @ it.v[0, head // 2].double()  # the weighted sum of the values
     shown = [float(x) for x in text.split("[", 1)[1].rstrip("]").split(", ")]
     np.testing.assert_allclose(shown, expected.numpy(), atol=1.5e-3)
+    browser.find_element(By.ID, "step-sort").click()  # the same rows, largest weight first
+    order = browser.execute_script("return Array.from(document.querySelectorAll('#step-table tr[data-key]'), r => +r.dataset.key)")
+    assert order == sorted(range(i + 1), key=lambda j: -alpha[j]) and order != list(range(i + 1))
+    browser.find_element(By.ID, "step-sort").click()
 
 
 def test_value_weighted_toggle_draws_alpha_times_value_norm(browser, dumped):

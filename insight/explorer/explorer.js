@@ -278,6 +278,7 @@
     for (let i = 0; i < W; i++) qs.append(el("option", { value: i }, `${i}: ${label(i)}`));
     hs.addEventListener("change", () => { st.focus = +hs.value; renderStep(); });
     qs.addEventListener("change", () => { st.query = +qs.value; st.side = "q"; drawLines(); renderStep(); });
+    $("step-sort").addEventListener("change", renderStep);
     document.addEventListener("keydown", (e) => {
       if (e.target.tagName === "SELECT" || !(e.key === "ArrowUp" || e.key === "ArrowDown")) return;
       st.query = Math.max(0, Math.min(W - 1, st.query + (e.key === "ArrowUp" ? -1 : 1)));
@@ -329,7 +330,9 @@
     t.tHead.append(hr);
     const tb = t.tBodies[0];
     const num = (cls, x, digits) => el("td", { class: cls, "data-value": x }, fmt(x, digits));
-    for (let j = 0; j <= i; j++) {
+    const keys = Array.from({ length: i + 1 }, (_, j) => j);
+    if ($("step-sort").checked) keys.sort((x, y) => n.alpha[y] - n.alpha[x]);
+    for (const j of keys) {
       const tr = el("tr", { "data-key": j }), bar = el("td", { class: "bar" }), span = el("span");
       span.style.width = Math.round(n.alpha[j] * 50) + "px";
       bar.append(span);
