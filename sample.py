@@ -2,7 +2,7 @@
 
     python sample.py --prompt "ROMEO:"                       # the checkpoint of configs/small.yaml
     python sample.py --ckpt runs/x --prompt-file p.txt --num-samples 3 --temperature 0.8 --top-p 0.9
-    python sample.py --prompt "To be, or not" --dump-attn all   # attn.npz + a heatmap per layer
+    python sample.py --prompt "To be, or not" --dump-attn all   # attn.npz, heatmaps, attention.html
 
 Loading reads only safetensors and JSON: nothing from the checkpoint is unpickled or executed.
 Decisions: an empty prompt starts from a newline (char) or <|endoftext|> (BPE); characters that a
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from data.tokenizer import tokenizer_from_json
     from common.device import resolve_device
-    from insight.dump import dump_attention, parse_layer_heads
+    from insight.dump import dump_internals, parse_layer_heads
     from model.checkpoint import find_checkpoint, load_model
     from model.generate import generate
 
@@ -147,11 +147,11 @@ def run(args: argparse.Namespace) -> int:
             heads = parse_layer_heads(args.dump_attn, cfg.n_layer, cfg.n_head)
         except ValueError as e:
             raise UserError(f"--dump-attn: {e}") from None
-        maps = model.attention_maps(idx, layers=sorted(heads))
+        internals = model.attention_internals(idx, layers=sorted(heads))  # weights, q, k, v, W_O
         out_dir = args.dump_dir or (ckpt / "attn")
         try:
-            written = dump_attention({layer: w[0] for layer, w in maps.items()}, heads,
-                                     tokenizer.token_strings(ids), out_dir, token_ids=ids)
+            written = dump_internals(internals, heads, tokenizer.token_strings(ids), out_dir, token_ids=ids,
+                                     title=f"attention of {ckpt}", n_layer=cfg.n_layer)
         except OSError as e:  # a --dump-dir that is a file, or not writable
             raise UserError(f"cannot write attention maps into '{out_dir}': {e.strerror or e}; "
                             f"pass a writable folder with --dump-dir") from None
