@@ -19,13 +19,19 @@ def transformers_or_skip():
     return pytest.importorskip("transformers", reason="the hf extra (transformers) is not installed")
 
 
+QK_SCALE = 15.0  # random init gives near-uniform attention, blind to positions: sharpen it so RoPE matters
+
+
 def _perturb(model: torch.nn.Module, seed: int) -> None:
-    """Norm weights away from 1, biases away from 0 (random init leaves them at 1 and 0)."""
+    """Norm weights away from 1, biases away from 0 (random init leaves them at 1 and 0), and query/key
+    projections scaled up so that attention is peaked and a wrong RoPE pairing changes the logits."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.ndim == 1:
                 p.add_(torch.randn(p.shape, generator=g) * (0.3 if "norm" in name or "ln_" in name else 0.05))
+            elif any(part in name for part in ("q_proj", "k_proj", "c_attn", "qkv_proj")):
+                p.mul_(QK_SCALE)
 
 
 def gpt2_tokenizer_dir(root: Path) -> Path:

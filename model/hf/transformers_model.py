@@ -33,7 +33,7 @@ def to_transformers(model: GPT, attn_implementation: str | None = None) -> Any:
     config = transformers.AutoConfig.for_model(hf_cfg.pop("model_type"), **hf_cfg)
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
     param = model.tok_emb.weight
-    hf_model = transformers.AutoModelForCausalLM.from_config(config, dtype=param.dtype, **kwargs)
+    hf_model = transformers.AutoModelForCausalLM.from_config(config, **kwargs).to(param.dtype)
     result = hf_model.load_state_dict({k: v.detach().clone() for k, v in hf_state_dict(model).items()},
                                       strict=False)
     tied = {"lm_head.weight"} if model.config.tie_embeddings else set()
