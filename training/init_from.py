@@ -51,10 +51,10 @@ def init_model_config(cfg: RunConfig, source: Pretrained) -> ModelConfig:
 
 
 def check_model_keys(cfg: RunConfig, theirs: ModelConfig, label: str) -> None:
-    for key in cfg.model_keys_set:
+    for key, ours in cfg.model_set.items():
         if key in FREE_KEYS:
             continue
-        ours, value = getattr(cfg.model, key), getattr(theirs, key)
+        value = getattr(theirs, key)
         if ours != value:
             raise UserError(f"model.{key}={ours!r} contradicts {label}, whose {key} is {value!r}: with "
                             f"train.init_from the model's shape comes from the source; remove model.{key} "
