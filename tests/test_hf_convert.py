@@ -221,3 +221,16 @@ def test_a_configuration_without_an_hf_equivalent_is_refused_naming_the_field(tm
     with pytest.raises(UserError, match="n_kv_head=1 .* no Hugging Face equivalent in GPT2LMHeadModel"):
         to_hf(str(ckpt), tmp_path / "out")
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_a_long_context_model_samples_with_a_cache_sized_to_the_generation(monkeypatch):
+    """A Hugging Face model may have 32K positions: sampling a few tokens must not allocate a cache (and a causal
+    table) for all of them."""
+    model = GPT(ModelConfig(vocab_size=50, block_size=32768, n_layer=1, n_head=2, d_model=16, pos="rope",
+                            norm="rmsnorm", mlp="swiglu"))
+    sizes = []
+    original = model.setup_kv_cache
+    monkeypatch.setattr(model, "setup_kv_cache", lambda b, max_len=None, **kw: sizes.append(max_len) or
+                        original(b, max_len, **kw))
+    out = generate(model, torch.zeros(1, 5, dtype=torch.long), max_new_tokens=7, temperature=0.0)
+    assert out.shape == (1, 12) and sizes == [12]
