@@ -130,6 +130,25 @@ def test_round_trip_hf_attngpt_hf_is_bit_equal(folders, tmp_path, name):
     assert {k: a.get(k) for k in keys} == {k: b.get(k) for k in keys}
 
 
+def test_mistral_without_a_sliding_window_is_llama(tmp_path):
+    torch.manual_seed(7)
+    config = transformers.MistralConfig(vocab_size=448, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=64,
+                                        sliding_window=None, rope_theta=2000.0, rms_norm_eps=1e-5)
+    hf_model = transformers.MistralForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in hf_model.named_parameters():
+            p.add_(torch.randn_like(p) * 0.3) if p.ndim == 1 else p.mul_(QK_SCALE if ("q_proj" in name or "k_proj" in name) else 1.0)
+    make_llama(tmp_path / "tok")  # for its tokenizer files
+    hf_model.save_pretrained(tmp_path / "mistral")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / "mistral" / name).write_bytes((tmp_path / "tok" / name).read_bytes())
+    model = open_pretrained(str(tmp_path / "mistral")).build()
+    idx = torch.randint(0, 448, (1, 50))
+    with torch.no_grad():
+        assert (model(idx)[0] - hf_model(idx).logits).abs().max().item() <= TOLERANCE
+
+
 def test_sharded_weights_load(tmp_path):
     transformers_or_skip()
     folder = tmp_path / "sharded"

@@ -33,6 +33,7 @@ def hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
 def hf_files(model: GPT, bos_id: int | None, eos_id: int | None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(tensors of model.safetensors, JSON files by name) of the HF folder equal to `model`."""
     config = hf_config_from_model(model.config, bos_id, eos_id)
+    config["torch_dtype"] = str(model.tok_emb.weight.dtype).replace("torch.", "")  # the dtype written
     generation = {"bos_token_id": bos_id, "eos_token_id": eos_id}
     return hf_state_dict(model), {"config.json": config, "generation_config.json": generation}
 
