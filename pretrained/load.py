@@ -37,7 +37,7 @@ class Pretrained:
     config: ModelConfig
     tokenizer: Any  # data.tokenizer.Tokenizer
     hf_config: dict[str, Any] | None = None
-    what: str = "--ckpt"  # the setting SRC came from, named in error messages
+    remedy: str = ""  # what a damaged source's error message advises
 
     @property
     def label(self) -> str:
@@ -57,7 +57,7 @@ class Pretrained:
             try:
                 model, _ = load_model(self.folder, device=device)
             except CheckpointError as e:
-                raise CheckpointError(f"{e}; {_intact(self.what)}") from None
+                raise CheckpointError(f"{e}; {self.remedy}") from None
             return model if dtype is None else model.to(dtype)
         state = read_hf_state(self.folder, self.hf_config, self.config, dtype)
         return build_model(self.config, state, device)
@@ -68,7 +68,7 @@ class Pretrained:
             try:
                 load_weights(model, self.folder / WEIGHTS_FILE)
             except CheckpointError as e:
-                raise CheckpointError(f"{e}; {_intact(self.what)}") from None
+                raise CheckpointError(f"{e}; {self.remedy}") from None
             return
         with torch.no_grad():
             load_state(model, read_hf_state(self.folder, self.hf_config, self.config, model.tok_emb.weight.dtype))
@@ -86,15 +86,17 @@ def classify(path: Path) -> str | None:
     return None
 
 
-def open_pretrained(src: str | Path, what: str = "--ckpt", hub: bool = True) -> Pretrained:
+def open_pretrained(src: str | Path, what: str = "--ckpt", hub: bool = True, remedy: str | None = None) -> Pretrained:
     """Find and read SRC (module doc); `what` names the setting it came from, for the messages; hub=False
-    never tries the hub (a default path). Bad input raises UserError or CheckpointError with one line."""
+    never tries the hub (a default path); `remedy` replaces the advice for a damaged checkpoint. Bad input
+    raises UserError or CheckpointError with one line."""
     text = str(src)
+    remedy = remedy or f"pass {what} an intact checkpoint (a run's out_dir, or its best/ or latest/)"
     path = Path(text).expanduser()
     if path.exists() or not hub:
         kind = classify(path)
         if kind == "hf":
-            return _open_hf(path, text, what)
+            return _open_hf(path, text, remedy)
         try:
             folder = find_checkpoint(path)
         except CheckpointError:
@@ -102,32 +104,29 @@ def open_pretrained(src: str | Path, what: str = "--ckpt", hub: bool = True) -> 
                 raise  # its own message: train one first, or pass --ckpt ...
             raise CheckpointError(f"no checkpoint or Hugging Face model at '{text}': pass {what} a run's out_dir, a "
                                   f"checkpoint folder, a Hugging Face model folder or a hub id") from None
-        return _open_attngpt(folder, what)
+        return _open_attngpt(folder, remedy)
     if looks_like_hub_id(text):
-        return _open_hf(download(text), text, what)
+        return _open_hf(download(text), text, remedy)
     if what == "--ckpt":
         find_checkpoint(path)  # raises its own message: train one first, or pass --ckpt ...
     raise CheckpointError(f"no checkpoint at '{text}': pass {what} a run's out_dir, a checkpoint folder, a Hugging "
                           f"Face model folder or a hub id (e.g. gpt2)")
 
 
-def _intact(what: str) -> str:
-    return f"pass {what} an intact checkpoint (a run's out_dir, or its best/ or latest/)"
-
-
-def _open_attngpt(folder: Path, what: str) -> Pretrained:
+def _open_attngpt(folder: Path, remedy: str) -> Pretrained:
     try:
         payload = read_config(folder)
     except CheckpointError as e:
-        raise CheckpointError(f"{e}; {_intact(what)}") from None
+        raise CheckpointError(f"{e}; {remedy}") from None
     tokenizer = tokenizer_from_json(payload.get("tokenizer"), base_dir=folder,
-                                    remedy=f"the tokenizer in {folder / CONFIG_FILE} is damaged: {_intact(what)}")
+                                    remedy=f"the tokenizer in {folder / CONFIG_FILE} is damaged: {remedy}")
     config = ModelConfig.from_dict(payload["model"])
     _check_vocab(config, tokenizer, folder)
-    return Pretrained(src=str(folder), kind="attngpt", folder=folder, config=config, tokenizer=tokenizer, what=what)
+    return Pretrained(src=str(folder), kind="attngpt", folder=folder, config=config, tokenizer=tokenizer,
+                      remedy=remedy)
 
 
-def _open_hf(folder: Path, src: str, what: str) -> Pretrained:
+def _open_hf(folder: Path, src: str, remedy: str) -> Pretrained:
     hf_config = read_hf_config(folder)
     where = str(folder / CONFIG_FILE)
     config = model_config_from_hf(hf_config, where)
@@ -135,7 +134,7 @@ def _open_hf(folder: Path, src: str, what: str) -> Pretrained:
     tokenizer = tokenizer_for_hf_folder(folder, hf_config, hf_model_type(hf_config, where), name=src)
     _check_vocab(config, tokenizer, folder)
     return Pretrained(src=src, kind="hf", folder=folder, config=config, tokenizer=tokenizer, hf_config=hf_config,
-                      what=what)
+                      remedy=remedy)
 
 
 def _check_vocab(config: ModelConfig, tokenizer: Any, folder: Path) -> None:

@@ -34,7 +34,11 @@ def init_source(cfg: RunConfig, latest: Path | None) -> Pretrained | None:
     src = cfg.train.init_from
     if src == SCRATCH:
         return None
-    source = open_pretrained(latest if latest is not None else src, what="train.init_from")
+    if latest is not None:  # a resume: out_dir/latest holds the shape and tokenizer the run started from
+        source = open_pretrained(latest, remedy=f"cannot resume from it: use another out_dir, or delete "
+                                                f"'{Path(cfg.out_dir)}' to start over")
+    else:
+        source = open_pretrained(src, what="train.init_from")
     label = f"train.init_from '{src}'"
     check_model_keys(cfg, source.config, label)
     check_tokenizer(cfg, source.tokenizer, label)
