@@ -20,7 +20,12 @@ export TIKTOKEN_CACHE_DIR="$PWD/data/cache/tiktoken_cache" WANDB_MODE=disabled H
     PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 SENTENCE="The animal didn't cross the street because it was tired"
 FAILED=0
-step() { local limit=$1; shift; echo "=== $* (limit ${limit}s, ${SECONDS}s elapsed)"; timeout "$limit" "$@" || { echo "FAILED: $*"; FAILED=$((FAILED + 1)); }; }
+step() {  # step LIMIT_S CMD...: run CMD with a time limit, count a failure
+    local limit=$1
+    shift
+    echo "=== $* (limit ${limit}s, ${SECONDS}s elapsed)"
+    timeout "$limit" "$@" || { echo "FAILED: $*"; FAILED=$((FAILED + 1)); }
+}
 
 {
 nvidia-smi -L

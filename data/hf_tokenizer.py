@@ -84,7 +84,7 @@ def _folder_vocab(folder: Path) -> dict[str, int] | None:
     if (folder / "tokenizer.json").is_file():
         spec = _json(folder / "tokenizer.json")
         model = spec.get("model") if isinstance(spec, dict) else None
-        vocab = dict(model.get("vocab") or {}) if isinstance(model, dict) and isinstance(model.get("vocab"), dict) else {}
+        vocab = dict(model["vocab"]) if isinstance(model, dict) and isinstance(model.get("vocab"), dict) else {}
         for added in spec.get("added_tokens") or []:
             if isinstance(added, dict) and "content" in added and "id" in added:
                 vocab[added["content"]] = added["id"]

@@ -164,7 +164,8 @@ def datasets_progress(enabled: bool) -> Iterator[None]:
 
 
 def write_bins(corpus: Corpus, rows: Any, tokenizer_name: str, val_fraction: float, work_dir: Path,
-               num_proc: int = 1, quiet: bool = False, fixed: AnyTokenizer | None = None) -> tuple[AnyTokenizer, BinCounts]:
+               num_proc: int = 1, quiet: bool = False,
+               fixed: AnyTokenizer | None = None) -> tuple[AnyTokenizer, BinCounts]:
     """Encode `rows` (a Dataset or IterableDataset with a "text" column) into work_dir/{train,val}.bin.
     fixed: encode with this tokenizer (a pretrained model's) instead of the one tokenizer_name names; a fixed
     char vocabulary is kept as it is (text outside it is refused), not rebuilt from the corpus."""

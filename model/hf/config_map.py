@@ -79,7 +79,8 @@ def _rope(hf: dict[str, Any], where: str) -> float:
         _refuse(where, f"rope_parameters with rope_type {params.get('rope_type')!r}",
                 " (attngpt's RoPE is unscaled)")
     if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None):
-        _refuse(where, f"rope_scaling {scaling.get('rope_type', scaling.get('type'))!r}", " (attngpt's RoPE is unscaled)")
+        kind = scaling.get("rope_type", scaling.get("type"))
+        _refuse(where, f"rope_scaling {kind!r}", " (attngpt's RoPE is unscaled)")
     if isinstance(params, dict) and params.get("rope_theta") is not None:
         return float(params["rope_theta"])
     return float(hf.get("rope_theta", 10000.0))
