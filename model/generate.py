@@ -73,7 +73,10 @@ def generate(
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     try:
         if use_kv_cache:
-            model.setup_kv_cache(B, block_size, dtype=model.tok_emb.weight.dtype, device=device)
+            # a cache as long as this generation can get: block_size only when the window may fill up (a model
+            # with a long context, e.g. 32K positions, would otherwise allocate a 32K x 32K causal table)
+            max_len = min(block_size, prompt.shape[1] + max(max_new_tokens, 1))
+            model.setup_kv_cache(B, max_len, dtype=model.tok_emb.weight.dtype, device=device)
             logits, _ = model(window, input_pos=torch.arange(window.shape[1], device=device), last_only=True)
         else:
             logits, _ = model(window, last_only=True)

@@ -24,9 +24,9 @@ class Block(nn.Module):
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.attn_norm = make_norm(config.norm, config.d_model, config.bias)
+        self.attn_norm = make_norm(config.norm, config.d_model, config.bias, config.norm_eps)
         self.attn = CausalSelfAttention(config)
-        self.mlp_norm = make_norm(config.norm, config.d_model, config.bias)
+        self.mlp_norm = make_norm(config.norm, config.d_model, config.bias, config.norm_eps)
         self.mlp = make_mlp(config)
 
     def forward(self, x, rope=None, mask=None, input_pos=None, need_weights=False):
@@ -44,7 +44,7 @@ class GPT(nn.Module):
         self.pos_emb = nn.Embedding(config.block_size, config.d_model) if config.pos == "learned" else None
         self.emb_dropout = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
-        self.final_norm = make_norm(config.norm, config.d_model, config.bias)
+        self.final_norm = make_norm(config.norm, config.d_model, config.bias, config.norm_eps)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:
             # one matrix maps tokens to vectors and vectors back to token scores (Press & Wolf 2017)
