@@ -135,8 +135,9 @@ def setup(cfg: RunConfig, rt: Runtime) -> Run:
                         f"train.resume=auto to continue it, or choose another out_dir")
     model = GPT(model_cfg).to(rt.device)
     optimizers = build_optimizers(model, tc)
-    loader = BatchLoader(prepared.train_path, prepared.dtype, model_cfg.block_size, tc.batch_size,
-                         seed=cfg.seed, rank=rt.rank, world_size=rt.world_size, device=rt.device)
+    loader = BatchLoader(prepared.split_paths("train"), prepared.dtype, model_cfg.block_size, tc.batch_size,
+                         seed=cfg.seed, rank=rt.rank, world_size=rt.world_size, device=rt.device, split="train",
+                         vocab_size=prepared.tokenizer.vocab_size)
     result = TrainResult(out_dir=out_dir, step=0, model=model)
     if latest is not None:
         resume(latest, out_dir, model, optimizers, loader, result)
