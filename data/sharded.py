@@ -53,14 +53,15 @@ WORK, PLAN = ".work", "plan.json"
 TEST_KILL_ENV = "ATTNGPT_TEST_KILL_AFTER_PARTS"  # tests only: SIGKILL this process once that many parts are done
 
 
-def plan_parts(rows: Any, corpus: Corpus) -> list[Any]:
+def plan_parts(rows: Any, corpus: Corpus, part_docs: int | None = None) -> list[Any]:
     """The corpus cut along its own seams: a list of datasets, one per part, in corpus order."""
+    part_docs = part_docs or PART_DOCS
     if _is_streaming(rows):
         if corpus.max_docs is not None or rows.n_shards <= 1:
             return [rows]  # `take(max_docs)` counts across files: it stays one part
         return [rows.shard(num_shards=rows.n_shards, index=i) for i in range(rows.n_shards)]
     n = len(rows)
-    return [rows.select(range(lo, min(n, lo + PART_DOCS))) for lo in range(0, max(n, 1), PART_DOCS)]
+    return [rows.select(range(lo, min(n, lo + part_docs))) for lo in range(0, max(n, 1), part_docs)]
 
 
 def known_documents(rows: Any, corpus: Corpus) -> int | None:
@@ -87,9 +88,27 @@ def _part_paths(work: Path, index: int) -> tuple[Path, Path]:
     return work / f"part_{index:05d}.ids", work / f"part_{index:05d}.lens"
 
 
-def scan_part(rows: Any, index: int, report: Callable[[int, int], None], corpus: Corpus) -> str:
+_ROWS: dict[str, Any] = {}  # in a worker: the corpus, loaded once
+
+
+def _find_part(rows: Any, index: int, corpus: Corpus, cache_dir: Path, part_docs: int) -> Any:
+    """The part itself (in the main process), or, in a worker, part `index` of the corpus loaded here: the
+    same `load_rows` call on the same files and cache gives the same parts."""
+    if rows is not None:
+        return rows
+    from data.sources import load_rows
+
+    key = str(cache_dir)
+    if key not in _ROWS:
+        _ROWS[key] = load_rows(corpus, cache_dir)
+    return plan_parts(_ROWS[key], corpus, part_docs)[index]
+
+
+def scan_part(rows: Any, index: int, report: Callable[[int, int], None], corpus: Corpus, cache_dir: Path,
+              part_docs: int) -> str:
     """The distinct characters of a part's documents (for a char vocabulary), as one sorted string."""
     chars = {CHAR_DOC_SEPARATOR}
+    rows = _find_part(rows, index, corpus, cache_dir, part_docs)
     with read_errors(corpus):
         for batch in iter_text_batches(rows, DOC_BATCH):
             for text in batch:
@@ -99,9 +118,10 @@ def scan_part(rows: Any, index: int, report: Callable[[int, int], None], corpus:
 
 
 def encode_part(rows: Any, index: int, report: Callable[[int, int], None], corpus: Corpus, tokenizer: dict,
-                work: Path) -> dict[str, Any]:
+                work: Path, cache_dir: Path, part_docs: int) -> dict[str, Any]:
     """Encode one part into work/part_<index>.ids (all its documents, each with its separator) and
     .lens (each document's token count, uint32; 0 for an empty document)."""
+    rows = _find_part(rows, index, corpus, cache_dir, part_docs)
     tok = _tokenizer(tokenizer)
     dtype = bin_dtype(tok.vocab_size)
     ids_path, lens_path = _part_paths(work, index)
@@ -118,8 +138,19 @@ def encode_part(rows: Any, index: int, report: Callable[[int, int], None], corpu
         os.fsync(f.fileno())
     os.replace(ids_tmp, ids_path)
     write_ids(lens_path, np.asarray(lens, dtype=np.uint32))  # last: its presence says the part is encoded
-    rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"docs": len(lens), "tokens": int(sum(lens)), "peak_rss_mb": rss_kb / 1024, "pid": os.getpid()}
+    return {"docs": len(lens), "tokens": int(sum(lens)), "peak_rss_mb": peak_rss_mb(), "pid": os.getpid()}
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory. VmHWM, not ru_maxrss: a spawned process's ru_maxrss starts at
+    its parent's RSS at the fork (Linux keeps the high-water mark across exec)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 # --- in the main process ----------------------------------------------------------------------------------
@@ -235,10 +266,11 @@ class ShardedResult:
     peak_worker_rss_mb: float = 0.0  # the largest peak RSS of a process that encoded parts this time
 
 
-def encode_documents_sharded(corpus: Corpus, rows: Any, tokenizer_name: str, val_fraction: float, fp: str,
-                             out_dir: Path, num_proc: int, quiet: bool) -> ShardedResult:
-    """Encode a document corpus into out_dir's shards, resuming an interrupted prepare of the same plan
-    (the caller has already emptied out_dir, but for .work/hf, when the fingerprint differs)."""
+def encode_documents_sharded(corpus: Corpus, rows: Any, cache_dir: Path, tokenizer_name: str, val_fraction: float,
+                             fp: str, out_dir: Path, num_proc: int, quiet: bool) -> ShardedResult:
+    """Encode a document corpus (`rows`, loaded by `load_rows(corpus, cache_dir)`) into out_dir's shards,
+    resuming an interrupted prepare of the same plan (the caller has already emptied out_dir, but for
+    .work/hf, when the fingerprint differs)."""
     parts = plan_parts(rows, corpus)
     plan = {"fingerprint": fp, "parts": len(parts), "tokenizer": None}
     old = read_plan(out_dir)
@@ -250,7 +282,7 @@ def encode_documents_sharded(corpus: Corpus, rows: Any, tokenizer_name: str, val
     else:
         start_over(out_dir, plan, keep="hf")
         tok = TiktokenTokenizer(tokenizer_name) if tokenizer_name != "char" else _char_vocabulary(
-            corpus, parts, num_proc, quiet)
+            corpus, parts, {"corpus": corpus, "cache_dir": cache_dir, "part_docs": PART_DOCS}, num_proc, quiet)
         write_json_atomic(work / PLAN, {**plan, "tokenizer": tok.to_json()})
     dtype = bin_dtype(tok.vocab_size)
 
@@ -300,20 +332,22 @@ def encode_documents_sharded(corpus: Corpus, rows: Any, tokenizer_name: str, val
 
     try:
         split_ready()
-        run_parts(encode_part, ((i, parts[i]) for i in todo), {"corpus": corpus, "tokenizer": tok.to_json(),
-                  "work": work}, num_proc, on_progress, on_done)
+        run_parts(encode_part, parts, todo, {"corpus": corpus, "tokenizer": tok.to_json(), "work": work,
+                                             "cache_dir": cache_dir, "part_docs": PART_DOCS}, num_proc, on_progress,
+                  on_done)
     finally:
         bar.close()
     counts, shards = _totals(corpus, records, len(parts), val_fraction)
     return ShardedResult(tok, counts, shards, len(parts), peak_rss[0])
 
 
-def _char_vocabulary(corpus: Corpus, parts: list[Any], num_proc: int, quiet: bool) -> CharTokenizer:
+def _char_vocabulary(corpus: Corpus, parts: list[Any], common: dict[str, Any], num_proc: int,
+                     quiet: bool) -> CharTokenizer:
     """The character set of every document (pass 1, in parallel over the parts)."""
     chars: set[str] = set()
     with tqdm(desc="scan documents", unit="doc", unit_scale=True, disable=quiet) as bar:
-        run_parts(scan_part, enumerate(parts), {"corpus": corpus}, num_proc, lambda docs, _: bar.update(docs),
-                  lambda _, found: chars.update(found))
+        run_parts(scan_part, parts, range(len(parts)), common, num_proc,
+                  lambda docs, _: bar.update(docs), lambda _, found: chars.update(found))
     return CharTokenizer("".join(chars))
 
 

@@ -10,8 +10,8 @@ group, which fork would copy into the children half-alive. They ignore SIGINT; t
 and terminates them. A worker whose main process died (SIGKILL) notices at its next progress report
 and exits: nobody would read its part.
 
-`fn(part, index, report, **common)` runs in a worker for each task `(index, part)`; `report(docs, tokens)`
-sends progress. Exceptions come back to the caller: a UserError as itself, anything else as a
+`fn(part, index, report, **common)` runs in a worker for each task `(index, part)` (`part` may be None:
+fn then finds the part from `index` and `common` itself); `report(docs, tokens)` sends progress. Exceptions come back to the caller: a UserError as itself, anything else as a
 RuntimeError carrying the worker's traceback.
 """
 from __future__ import annotations
@@ -30,6 +30,9 @@ POLL_SECONDS = 0.5
 
 def _worker(fn: Callable, tasks: Any, results: Any, common: dict[str, Any], parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and terminates us
+    # workers read and encode text: keep `datasets` (imported later, by fn) from importing torch, which
+    # costs each worker ~200 MB and seconds of start-up for nothing
+    os.environ["USE_TORCH"] = "0"
 
     def report(docs: int, tokens: int) -> None:
         if os.getppid() != parent:  # the main process was killed: nobody will read this part
@@ -61,19 +64,20 @@ def _picklable(e: BaseException) -> BaseException:
     return RuntimeError(f"a worker process failed:\n{text}")
 
 
-def run_parts(fn: Callable, tasks: Iterable[tuple[int, Any]], common: dict[str, Any], num_proc: int,
+def run_parts(fn: Callable, parts: list[Any], todo: Iterable[int], common: dict[str, Any], num_proc: int,
               on_progress: Callable[[int, int], None], on_done: Callable[[int, Any], None]) -> None:
-    """Call fn on every task, in `num_proc` processes (in this one when num_proc is 1); on_done(index,
-    result) is called in this process as each task finishes, on_progress(docs, tokens) as workers report."""
-    tasks = list(tasks)
+    """Call fn on the parts numbered `todo`, in `num_proc` processes (in this one when num_proc is 1, with
+    the part itself; a worker gets None and finds it by its index); on_done(index, result) is called in
+    this process as each part finishes, on_progress(docs, tokens) as workers report."""
+    tasks = list(todo)
     if num_proc <= 1 or len(tasks) <= 1:
-        for index, part in tasks:
-            on_done(index, fn(part, index, on_progress, **common))
+        for index in tasks:
+            on_done(index, fn(parts[index], index, on_progress, **common))
         return
     ctx = mp.get_context("spawn")
     task_queue, results = ctx.Queue(), ctx.Queue()
-    for task in tasks:
-        task_queue.put(task)
+    for index in tasks:
+        task_queue.put((index, None))  # a part does not travel: datasets' objects may hold torch tensors
     workers = [ctx.Process(target=_worker, args=(fn, task_queue, results, common, os.getpid()), daemon=True)
                for _ in range(min(num_proc, len(tasks)))]
     for _ in workers:

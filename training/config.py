@@ -41,6 +41,9 @@ class TrainConfig:
     log_interval: int = 10  # steps between progress-bar/W&B scalar updates
     nonfinite: Literal["stop", "skip"] = "stop"  # a NaN/inf loss or gradient: stop the run, or skip the step and count it
     peak_flops: float | None = None  # device peak FLOP/s for MFU; None -> measured at start with a large matmul
+    # processes under torchrun: ddp (every process holds the whole model) or fsdp (parameters, gradients and
+    # AdamW state sharded across processes: FSDP2, training/parallel.py)
+    parallel: Literal["ddp", "fsdp"] = "ddp"
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "grad_accum", "max_iters", "log_interval"):
