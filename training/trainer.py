@@ -119,10 +119,14 @@ class Run:
                          {"step": step_done, "best_val": self.result.best_val, "loader": self.loader.state_dict(),
                           "skipped_steps": self.result.skipped_steps})
             return
+        loaders = [self.loader.state_dict()] * self.rt.world_size  # each process's own position in the data
+        if self.rt.ddp:
+            dist.all_gather_object(loaders, self.loader.state_dict())
         if not self.rt.is_main:
             return
         state = {"step": step_done, "best_val": self.result.best_val, "skipped_steps": self.result.skipped_steps,
-                 "optimizer": self.optimizers.state_dict(), "loader": self.loader.state_dict(), "rng": rng_state()}
+                 "optimizer": self.optimizers.state_dict(), "loader": loaders[0], "loaders": loaders,
+                 "rng": rng_state()}
         save_checkpoint(self.out_dir, LATEST, self.raw_model, self.extra, state)
 
     def save_best(self, step: int, val_loss: float) -> None:
@@ -222,7 +226,9 @@ def resume(latest: Path, out_dir: Path, model: GPT, optimizers: Optimizers, load
                         f"start over") from None
     try:
         optimizers.load_state_dict(state["optimizer"])
-        loader.load_state_dict(state["loader"])
+        loaders = state.get("loaders")  # every process's loader position (one process: loaders[0] is "loader")
+        loader.load_state_dict(loaders[loader.rank] if isinstance(loaders, list) and len(loaders) == loader.world_size
+                               else state["loader"])
         set_rng_state(state["rng"])
     except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:  # e.g. train.optimizer changed
         raise UserError(f"cannot resume from '{latest}': its {STATE_FILE} does not fit this run "
