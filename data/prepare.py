@@ -66,6 +66,8 @@ def fingerprint(cfg: DataConfig, corpus: Corpus) -> tuple[str, str]:
 def prepare_data(cfg: DataConfig, *, block_size: int | None = None, quiet: bool = False,
                  force: bool = False) -> PreparedData:
     """Prepared shards for `cfg`: reused when complete and up to date, else (re)made. Bad input -> UserError."""
+    if not prepared_root().is_dir():
+        _make_prepared_root()  # first: a data folder that cannot exist fails before any download
     corpus = resolve_corpus(cfg, quiet)
     if cfg.tokenizer != "char":
         TiktokenTokenizer(cfg.tokenizer)  # fail before reading the corpus if the encoding cannot load
@@ -73,7 +75,6 @@ def prepare_data(cfg: DataConfig, *, block_size: int | None = None, quiet: bool 
     out_dir = prepared_root() / folder
     prepared, unusable = (None, None) if force else _reusable(out_dir, fp)  # a reader's look: nothing written
     if prepared is None:
-        _make_prepared_root()
         with _exclusive(out_dir, quiet, unusable):
             prepared, unusable = (None, None) if force else _reusable(out_dir, fp)  # made meanwhile by another?
             if unusable and not quiet:
