@@ -80,8 +80,9 @@ def _swap_in(out_dir: Path, name: str) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _all_ok(ok: bool) -> bool:
-    flag = torch.tensor(0 if ok else 1)
+def _all_ok(ok: bool, device: torch.device) -> bool:
+    """Did every process succeed? (A flag on the run's device: NCCL reduces CUDA tensors only.)"""
+    flag = torch.tensor(0 if ok else 1, device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return int(flag) == 0
 
@@ -102,7 +103,7 @@ def save_sharded(out_dir: Path, name: str, model: nn.Module, optimizers: Any, ex
             tmp.mkdir(parents=True)
         except WRITE_ERRORS as e:
             error = e
-    if _all_ok(error is None) and state is not None:  # the shards: every rank writes its own, in parallel
+    if _all_ok(error is None, rt.device) and state is not None:  # the shards: every rank writes its own, in parallel
         ranks: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(ranks, {"loader": state.pop("loader"), "rng": rng_state()})
         try:
@@ -119,7 +120,7 @@ def save_sharded(out_dir: Path, name: str, model: nn.Module, optimizers: Any, ex
                 fsync_dir(tmp / DCP_DIR)
         except (UserError, *WRITE_ERRORS) as e:  # UserError: NaN weights, never saved over a good checkpoint
             error = e
-    if not _all_ok(error is None):
+    if not _all_ok(error is None, rt.device):
         if rt.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(error, UserError):

@@ -86,10 +86,11 @@ def shard_model(model: nn.Module, rt: Runtime) -> nn.Module:
     return model
 
 
-def agreed_stop(signal_name: str | None) -> str | None:
+def agreed_stop(signal_name: str | None, device: torch.device) -> str | None:
     """The stop request of any process, for all of them: a save is collective (FSDP) and every process
-    must run the same number of steps, so all stop after the same step or none does."""
-    flag = torch.tensor(STOP_CODES[signal_name])
+    must run the same number of steps, so all stop after the same step or none does. (On the run's
+    device: NCCL reduces CUDA tensors only.)"""
+    flag = torch.tensor(STOP_CODES[signal_name], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return {code: name for name, code in STOP_CODES.items()}[int(flag)]
 

@@ -283,7 +283,7 @@ def train_loop(run: Run, should_stop: Callable[[int], bool] | None = None) -> Tr
             if stop.signal_name is None and should_stop is not None and should_stop(step + 1):
                 stop.signal_name = "requested"
             if run.rt.ddp:  # all processes stop after the same step (saving is collective under FSDP)
-                stop.signal_name = agreed_stop(stop.signal_name)
+                stop.signal_name = agreed_stop(stop.signal_name, run.rt.device)
             if stop.signal_name is not None:
                 run.save(step + 1)
                 result.interrupted = stop.signal_name
