@@ -7,7 +7,7 @@ text in --files files), then times `data.sharded.encode_documents_sharded` — t
 split and shard writes that `python -m data.prepare` runs on a streamed hub corpus — once per process
 count and trial, each in a fresh subprocess (so one setting's memory does not count against another).
 Peak RSS is per encoding process (VmHWM): the worker's own with num_proc > 1, the whole process with
-num_proc = 1. tiktoken alone on a sample, in one thread, is the baseline of what encoding costs.
+num_proc = 1. tiktoken alone on a sample, document by document, is the baseline of what encoding costs.
 
     python benchmarks/tokenize_throughput.py [--mb 200] [--files 16] [--num-proc 1 2] [--trials 2] [--no-save]
 
@@ -106,7 +106,7 @@ def run_measure(files: list[Path], num_proc: int, scratch: Path) -> dict:
 
 
 def tiktoken_baseline(files: list[Path]) -> tuple[float, float]:
-    """(MB/s, seconds) of tiktoken encode_ordinary_batch in one thread over the first SAMPLE_MB MB of docs."""
+    """(MB/s, seconds) of tiktoken encode_ordinary, document by document, over the first SAMPLE_MB MB."""
     from data.tokenizer import TiktokenTokenizer
 
     tok = TiktokenTokenizer("gpt2")
@@ -118,8 +118,8 @@ def tiktoken_baseline(files: list[Path]) -> tuple[float, float]:
             if size >= SAMPLE_MB * 1e6:
                 break
     start = time.perf_counter()
-    for i in range(0, len(texts), 1000):
-        tok.encode_batch(texts[i:i + 1000])
+    for text in texts:
+        tok.encode(text)
     seconds = time.perf_counter() - start
     return size / 1e6 / seconds, seconds
 
@@ -155,7 +155,7 @@ def main() -> None:
     reference = statistics.median(r["seconds"] for r in runs[args.num_proc[0]])
     table = [f"| encoding | seconds per trial | median s | MB/s | tokens/s | speedup vs num_proc={args.num_proc[0]} "
              f"| peak RSS per encoding process |", "|---|---|---:|---:|---:|---:|---:|",
-             f"| tiktoken encode_ordinary_batch alone, 1 thread, {SAMPLE_MB} MB sample | - | - | {baseline_mbs:.2f} "
+             f"| tiktoken encode_ordinary alone, per document, {SAMPLE_MB} MB sample | - | - | {baseline_mbs:.2f} "
              f"| - | - | - |"]
     tokens = runs[args.num_proc[0]][0]["tokens"]
     for n, results in runs.items():
