@@ -8,6 +8,9 @@ split and shard writes that `python -m data.prepare` runs on a streamed hub corp
 count and trial, each in a fresh subprocess (so one setting's memory does not count against another).
 Peak RSS is per encoding process (VmHWM): the worker's own with num_proc > 1, the whole process with
 num_proc = 1. tiktoken alone on a sample, document by document, is the baseline of what encoding costs.
+A control measures what the machine allows: the same pure-Python loop in 1 process, then in N processes
+at once (interleaved with the trials); on a shared machine another session's busy process takes its
+share of the cores whatever its nice value (Linux autogroup scheduling), and the control shows it.
 
     python benchmarks/tokenize_throughput.py [--mb 200] [--files 16] [--num-proc 1 2] [--trials 2] [--no-save]
 
@@ -37,6 +40,7 @@ import _report  # noqa: E402
 from common.errors import user_errors_exit  # noqa: E402
 
 SAMPLE_MB = 8  # text encoded by tiktoken alone for the baseline row
+CONTROL_LOOP = 20_000_000  # iterations of the control's pure-Python loop (~2 s on one core)
 
 
 def shakespeare_text() -> str:
@@ -105,6 +109,28 @@ def run_measure(files: list[Path], num_proc: int, scratch: Path) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _busy_loop(_: int) -> float:
+    start = time.perf_counter()
+    total = 0
+    for i in range(CONTROL_LOOP):
+        total += i
+    return time.perf_counter() - start
+
+
+def parallel_control(num_proc: int) -> float:
+    """Throughput of num_proc processes each running the same loop at once, relative to one process alone
+    (num_proc x: every process had a core of its own; 1.0x: they shared one)."""
+    import multiprocessing as mp
+
+    with mp.get_context("spawn").Pool(num_proc) as pool:
+        pool.map(_busy_loop, range(num_proc))  # start-up, not timed
+        alone = pool.apply(_busy_loop, (0,))
+        start = time.perf_counter()
+        pool.map(_busy_loop, range(num_proc), chunksize=1)
+        together = time.perf_counter() - start
+    return num_proc * alone / together
+
+
 def tiktoken_baseline(files: list[Path]) -> tuple[float, float]:
     """(MB/s, seconds) of tiktoken encode_ordinary, document by document, over the first SAMPLE_MB MB."""
     from data.tokenizer import TiktokenTokenizer
@@ -144,7 +170,12 @@ def main() -> None:
         files, n_docs, n_bytes = generate_corpus(Path(tmp), args.mb, args.files)
         baseline_mbs, _ = tiktoken_baseline(files)
         runs: dict[int, list[dict]] = {n: [] for n in args.num_proc}
+        controls: dict[int, list[float]] = {n: [] for n in args.num_proc if n > 1}
         for trial in range(args.trials):
+            for n in controls:
+                controls[n].append(parallel_control(n))
+                print(f"trial {trial + 1}, control: {n} busy processes at once run at {controls[n][-1]:.2f}x the "
+                      f"throughput of one", flush=True)
             for n in args.num_proc:
                 result = run_measure(files, n, Path(tmp) / f"np{n}-t{trial}")
                 runs[n].append(result)
@@ -165,6 +196,9 @@ def main() -> None:
         table.append(f"| prepare (data/sharded.py), num_proc={n} | {per_trial} "
                      f"| {seconds:.1f} | {n_bytes / 1e6 / seconds:.2f} | {tokens / seconds:,.0f} | "
                      f"{reference / seconds:.2f}x | {rss:.0f} MB |")
+    for n, ratios in controls.items():
+        table.append(f"| control: a pure-Python loop in {n} processes at once vs 1 | "
+                     f"{', '.join(f'{r:.2f}x' for r in ratios)} | - | - | - | {statistics.median(ratios):.2f}x | - |")
     assert all(r["tokens"] == tokens for rs in runs.values() for r in rs), "token counts differ between runs"
     corpus_line = (f"Corpus: generated, {args.files} JSON-lines files, {n_docs:,} documents, {n_bytes / 1e6:.1f} MB "
                    f"of text, {tokens:,} GPT-2 tokens (identical for every setting), "
