@@ -4,7 +4,11 @@
     python sample.py --ckpt runs/x --prompt-file p.txt --num-samples 3 --temperature 0.8 --top-p 0.9
     python sample.py --prompt "To be, or not" --dump-attn all   # attn.npz + a heatmap per layer
 
-Loading reads only safetensors and JSON: nothing from the checkpoint is unpickled or executed.
+Loading reads only safetensors and JSON: nothing from the checkpoint is unpickled or executed, and nothing
+in the run's folder is written, renamed or deleted (a training run may be saving into it meanwhile: the
+checkpoint is read again if a save swapped it away mid-read). Attention dumps go to --dump-dir, by default
+./attn_dump, never into the run. A --prompt-file is read up to PROMPT_FILE_LIMIT bytes (1 MB; the model sees
+at most block_size tokens of it anyway).
 Decisions: an empty prompt starts from a newline (char) or <|endoftext|> (BPE); characters that a
 char-level vocabulary lacks are refused, naming them; a prompt longer than block_size keeps its last
 block_size tokens, with a warning; a prompt may start with a dash (`--prompt "- item"`).
@@ -21,6 +25,8 @@ from common.errors import ArgumentParser, UserError, user_errors_exit
 from model.checkpoint import CheckpointError
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "small.yaml"
+DEFAULT_DUMP_DIR = Path("attn_dump")
+PROMPT_FILE_LIMIT = 1_000_000  # bytes: far more than any block_size of text, far less than memory
 
 
 def default_checkpoint() -> Path:
@@ -48,7 +54,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                              "(default: configs/small.yaml's out_dir)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default="", help="text to continue (default: empty, see module doc)")
-    src.add_argument("--prompt-file", type=Path, help="read the prompt from this UTF-8 file")
+    src.add_argument("--prompt-file", type=Path, help="read the prompt from this UTF-8 file (at most 1 MB)")
     p.add_argument("--num-samples", type=int, default=1, help="samples drawn in one batch")
     p.add_argument("--max-new-tokens", type=int, default=500)
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
@@ -59,7 +65,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--no-kv-cache", action="store_true", help="recompute the whole window at every step")
     p.add_argument("--dump-attn", metavar="SPEC", help="attention maps over the prompt: all | 0,2 | 1:3,0:1")
-    p.add_argument("--dump-dir", type=Path, help="where --dump-attn writes (default: <ckpt>/attn/)")
+    p.add_argument("--dump-dir", type=Path, default=DEFAULT_DUMP_DIR,
+                   help="where --dump-attn writes (default: ./attn_dump; never inside the run)")
     argv = sys.argv[1:] if argv is None else list(argv)
     return p.parse_args(attach_dash_prompt(argv, p))
 
@@ -100,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
     from data.tokenizer import tokenizer_from_json
     from common.device import resolve_device
     from insight.dump import dump_attention, parse_layer_heads
-    from model.checkpoint import find_checkpoint, load_model
+    from model.checkpoint import load_checkpoint
+    from model.memory import device_memory, human_bytes, kv_cache_bytes
     from model.generate import generate
 
     positive_or_none(args.temperature, "--temperature", 0.0)
@@ -114,27 +122,29 @@ def run(args: argparse.Namespace) -> int:
     if not -2**63 <= args.seed < 2**64:  # what torch.Generator.manual_seed takes
         raise UserError(f"--seed must be an integer from -2**63 to 2**64-1, got {args.seed}")
 
-    ckpt = find_checkpoint(args.ckpt or default_checkpoint())
     device = resolve_device(args.device, setting="--device ")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
     if dtype == torch.float16 and device.type == "cpu":
         raise UserError("--dtype float16 is slow or unsupported on CPU: use bfloat16 or float32")
+    prompt = read_prompt_file(args.prompt_file) if args.prompt_file is not None else args.prompt
     try:
-        model, payload = load_model(ckpt, device=device)
+        ckpt, model, payload = load_checkpoint(args.ckpt or default_checkpoint(), device=device)
     except CheckpointError as e:
         raise UserError(f"{e}; pass --ckpt an intact checkpoint (a run's out_dir, or its best/ or latest/)") from None
     model = model.to(dtype)
     tokenizer = tokenizer_from_json(payload.get("tokenizer"), remedy=f"the tokenizer in {ckpt / 'config.json'} "
                                     f"is damaged: pass --ckpt an intact checkpoint")
     cfg = model.config
-
-    if args.prompt_file is not None:
-        try:
-            prompt = args.prompt_file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise UserError(f"cannot read --prompt-file '{args.prompt_file}': {e}") from None
-    else:
-        prompt = args.prompt
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise UserError(f"the tokenizer in {ckpt / 'config.json'} has {tokenizer.vocab_size} tokens but the model "
+                        f"only {cfg.vocab_size} (model.vocab_size): they do not belong together; pass --ckpt an "
+                        f"intact checkpoint")
+    if not args.no_kv_cache:
+        cache = kv_cache_bytes(cfg, args.num_samples, dtype.itemsize)
+        if cache > device_memory(device):
+            raise UserError(f"not enough memory on {device} for {args.num_samples} sample(s) at once: their KV "
+                            f"cache would need {human_bytes(cache)}, the device has "
+                            f"{human_bytes(device_memory(device))}: lower --num-samples")
     ids = tokenizer.prompt_ids(prompt)
     if len(ids) > cfg.block_size:
         print(f"warning: the prompt has {len(ids)} tokens; the model sees at most block_size={cfg.block_size}, "
@@ -148,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as e:
             raise UserError(f"--dump-attn: {e}") from None
         maps = model.attention_maps(idx, layers=sorted(heads))
-        out_dir = args.dump_dir or (ckpt / "attn")
+        out_dir = args.dump_dir
         try:
             written = dump_attention({layer: w[0] for layer, w in maps.items()}, heads,
                                      tokenizer.token_strings(ids), out_dir, token_ids=ids)
@@ -185,6 +195,23 @@ def run(args: argparse.Namespace) -> int:
           f"{new_tokens * args.num_samples / max(elapsed, 1e-9):.1f} tokens/s, "
           f"{'no KV cache' if args.no_kv_cache else 'KV cache'}, {ckpt}]", file=sys.stderr)
     return 0
+
+
+def read_prompt_file(path: Path) -> str:
+    """The UTF-8 text of `path`, read up to PROMPT_FILE_LIMIT bytes: a larger file (or /dev/zero, a pipe
+    that never ends) is refused instead of filling memory."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(PROMPT_FILE_LIMIT + 1)
+    except OSError as e:
+        raise UserError(f"cannot read --prompt-file '{path}': {e.strerror or e}") from None
+    if len(data) > PROMPT_FILE_LIMIT:
+        raise UserError(f"--prompt-file '{path}' holds more than {PROMPT_FILE_LIMIT:,} bytes (the limit; the model "
+                        f"sees only its last block_size tokens anyway): pass a shorter file")
+    try:  # universal newlines, as a text-mode read gives
+        return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+    except UnicodeDecodeError as e:
+        raise UserError(f"cannot read --prompt-file '{path}': {e}") from None
 
 
 class StreamPrinter:

@@ -66,11 +66,15 @@ def fresh_copy(trained: tuple[Path, object], tmp_path: Path) -> tuple[Path, obje
     return copy, model
 
 
-def run_cli(args: list[str], env_extra: dict[str, str] | None = None, timeout: float = 180,
+def run_cli(args: list[str], env_extra: dict[str, str] | None = None, timeout: float = 180, cwd: Path | None = None,
             **kwargs) -> subprocess.CompletedProcess:
-    """Run a project command line (`train.py`, `sample.py`, `-m data.prepare`) like a user would."""
+    """Run a project command line (`train.py`, `sample.py`, `-m data.prepare`) like a user would: from the
+    repository, or from `cwd` (scripts are then found in the repository, and `-m` modules through PYTHONPATH)."""
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1", **(env_extra or {})}
-    return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True,
+    if cwd is not None:
+        args = [str(REPO / a) if a.endswith(".py") and not os.path.isabs(a) else a for a in args[:1]] + args[1:]
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, *args], cwd=cwd or REPO, env=env, capture_output=True, text=True,
                           timeout=timeout, **kwargs)
 
 

@@ -18,18 +18,21 @@ import torch.nn as nn
 from common.errors import UserError
 from data.loader import BatchLoader
 from data.prepare import PreparedData, prepare_data
-from model.checkpoint import CheckpointError, load_weights, read_config
 from model.config import ModelConfig
 from model.gpt import GPT
-from training.checkpoint import BEST, LATEST, STATE_FILE, checkpoint_dir, load_train_state, save_checkpoint
+from model.memory import TRAINING_BYTES_PER_PARAM, check_fits_in_memory
+from training.checkpoint import BEST, LATEST, checkpoint_dir, save_checkpoint
 from training.config import RunConfig, config_to_yaml
 from training.evaluate import evaluate
 from training.logger import RunLogger
 from training.optim import Optimizers, build_optimizers, lr_factor
+from training.resume import data_fingerprint, resume
+from training.run_lock import RunDirLock, lock_run_dir
 from training.step import accumulate_gradients, apply_gradients
 from training.stop import StopRequested
-from training.runtime import (Runtime, measure_peak_flops, rng_state, seed_everything, set_rng_state,
-                              setup_runtime, synchronize, teardown_runtime)
+from training.runtime import (Runtime, measure_peak_flops, rng_state, seed_everything, setup_runtime, synchronize,
+                              teardown_runtime)
+from training.writes import could_not_write
 
 
 @dataclass
@@ -59,33 +62,25 @@ def model_config_for(cfg: RunConfig, prepared: PreparedData) -> ModelConfig:
     return cfg.model
 
 
-def check_same_model(saved_dir: Path, model_cfg: ModelConfig, out_dir: Path) -> None:
-    try:
-        saved = read_config(saved_dir)["model"]
-    except CheckpointError as e:
-        raise UserError(f"cannot resume from '{saved_dir}': {e}; use another out_dir, or delete '{out_dir}' to "
-                        f"start over") from None
-    ours = model_cfg.to_dict()
-    shape_keys = [k for k in ours if k not in ("dropout", "attn_impl")]  # these may change across a resume
-    diffs = [f"{k} {saved.get(k)!r} vs {ours[k]!r}" for k in shape_keys if saved.get(k) != ours[k]]
-    if diffs:
-        raise UserError(f"out_dir '{out_dir}' holds a checkpoint of a different model ({'; '.join(diffs[:3])}): "
-                        f"use another out_dir, or delete '{out_dir}' to start over")
-
-
 def train(cfg: RunConfig, should_stop: Callable[[int], bool] | None = None) -> TrainResult:
     """Run (or resume) the training described by cfg. should_stop(steps_done) -> True stops after that
     step exactly as Ctrl-C does: checkpoint saved, result.interrupted set ("requested")."""
     rt = setup_runtime(cfg.device, cfg.dtype)
     run: Run | None = None
+    lock: RunDirLock | None = None
     try:
-        run = setup(cfg, rt)
+        if rt.is_main:  # the one writer of out_dir (training/run_lock.py); the other ranks only read
+            _make_out_dir(Path(cfg.out_dir))
+            lock = lock_run_dir(cfg.out_dir)
+        run = setup(cfg, rt, lock)
         return train_loop(run, should_stop)
     except BaseException:
         if run is not None and run.logger.bar is not None:
             run.logger.bar.close()  # end the progress bar's line first: the error printed next gets a line of its own
         raise
     finally:
+        if lock is not None:
+            lock.release()
         teardown_runtime(rt)
 
 
@@ -119,33 +114,42 @@ class Run:
         save_checkpoint(self.out_dir, LATEST, self.raw_model, self.extra, state)
 
 
-def setup(cfg: RunConfig, rt: Runtime) -> Run:
+def setup(cfg: RunConfig, rt: Runtime, lock: RunDirLock | None = None) -> Run:
     """Data, model, optimizer and loader; then the resume from out_dir/latest if there is one; then the
-    logger, compile/DDP wrapping and the attention monitor."""
+    logger, compile/DDP wrapping and the attention monitor. `lock`: the run directory's lock, held by the
+    main process (None on the other ranks)."""
     out_dir = Path(cfg.out_dir)
     tc = cfg.train
     seed_everything(cfg.seed)
-    _make_out_dir(out_dir, rt)
+    if lock is not None:  # finish a save that a crash interrupted, before any rank looks (barrier in _prepare)
+        checkpoint_dir(lock, BEST)
+        checkpoint_dir(lock, LATEST)
     prepared = _prepare(cfg, rt)
     model_cfg = model_config_for(cfg, prepared)
 
-    latest = checkpoint_dir(out_dir, LATEST)
+    latest = out_dir / LATEST if (out_dir / LATEST).is_dir() else None
     if latest is not None and tc.resume == "never":
         raise UserError(f"out_dir '{out_dir}' already holds a checkpoint and train.resume=never: set "
                         f"train.resume=auto to continue it, or choose another out_dir")
+    check_fits_in_memory(model_cfg, rt.device, TRAINING_BYTES_PER_PARAM, source="this run's config",
+                         what="its weights, gradients and AdamW moments")
     model = GPT(model_cfg).to(rt.device)
     optimizers = build_optimizers(model, tc)
     loader = BatchLoader(prepared.train_path, prepared.dtype, model_cfg.block_size, tc.batch_size,
                          seed=cfg.seed, rank=rt.rank, world_size=rt.world_size, device=rt.device)
     result = TrainResult(out_dir=out_dir, step=0, model=model)
+    extra = {"tokenizer": prepared.tokenizer.to_json(), "data": data_fingerprint(prepared)}
     if latest is not None:
-        resume(latest, out_dir, model, optimizers, loader, result)
+        state = resume(latest, out_dir, model, optimizers, loader, extra, tc.max_iters)
+        result.step, result.best_val = state["step"], state["best_val"]
+        result.skipped_steps = state.get("skipped_steps", 0)
     if rt.is_main:
-        (out_dir / "config.yaml").write_text(config_to_yaml(cfg))
+        with could_not_write(out_dir / "config.yaml", out_dir):
+            (out_dir / "config.yaml").write_text(config_to_yaml(cfg))
 
     logger = RunLogger(cfg, rt.is_main, result.step, resumed=latest is not None)
     try:
-        return _finish_setup(cfg, rt, prepared, model, optimizers, loader, result, logger, latest)
+        return _finish_setup(cfg, rt, prepared, model, optimizers, loader, result, logger, latest, extra)
     except BaseException:
         if logger.bar is not None:
             logger.bar.close()  # end the progress bar's line first: the error printed next gets a line of its own
@@ -153,7 +157,8 @@ def setup(cfg: RunConfig, rt: Runtime) -> Run:
 
 
 def _finish_setup(cfg: RunConfig, rt: Runtime, prepared: PreparedData, model: GPT, optimizers: Optimizers,
-                  loader: BatchLoader, result: TrainResult, logger: RunLogger, latest: Path | None) -> Run:
+                  loader: BatchLoader, result: TrainResult, logger: RunLogger, latest: Path | None,
+                  extra: dict[str, Any]) -> Run:
     tc, model_cfg = cfg.train, model.config
     logger.write(f"model: {model.num_params() / 1e6:.2f}M parameters, {model_cfg.n_layer} layers, "
                  f"{model_cfg.n_head} heads ({model_cfg.n_kv_head} kv), d_model {model_cfg.d_model}, "
@@ -166,7 +171,7 @@ def _finish_setup(cfg: RunConfig, rt: Runtime, prepared: PreparedData, model: GP
 
     run = Run(cfg=cfg, rt=rt, out_dir=Path(cfg.out_dir), prepared=prepared, model=_wrap(model, tc.compile, rt),
               raw_model=model, optimizers=optimizers, loader=loader,
-              extra={"tokenizer": prepared.tokenizer.to_json()}, logger=logger, monitor=None, result=result)
+              extra=extra, logger=logger, monitor=None, result=result)
     run.scaler = torch.amp.GradScaler("cuda") if rt.autocast_dtype == torch.float16 else None
     run.tokens_per_step = tc.batch_size * tc.grad_accum * rt.world_size * model_cfg.block_size
     run.flops_per_step = model.flops_per_token(model_cfg.block_size) * run.tokens_per_step
@@ -184,29 +189,6 @@ def _prepare(cfg: RunConfig, rt: Runtime) -> PreparedData:
     if not rt.is_main:
         prepared = prepare_data(cfg.data, block_size=cfg.model.block_size, quiet=True)
     return prepared
-
-
-def resume(latest: Path, out_dir: Path, model: GPT, optimizers: Optimizers, loader: BatchLoader,
-           result: TrainResult) -> None:
-    """Load weights, optimizer, loader position and RNG states from `latest` into the fresh run; set the
-    result's step, best val loss and skipped count. A checkpoint that does not fit is a UserError."""
-    check_same_model(latest, model.config, out_dir)
-    try:  # read everything first: a bad checkpoint fails before any state is changed
-        load_weights(model, latest / "model.safetensors")
-        state = load_train_state(latest)
-    except CheckpointError as e:
-        raise UserError(f"cannot resume from '{latest}': {e}; use another out_dir, or delete '{out_dir}' to "
-                        f"start over") from None
-    try:
-        optimizers.load_state_dict(state["optimizer"])
-        loader.load_state_dict(state["loader"])
-        set_rng_state(state["rng"])
-    except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:  # e.g. train.optimizer changed
-        raise UserError(f"cannot resume from '{latest}': its {STATE_FILE} does not fit this run "
-                        f"({type(e).__name__}: {' '.join(str(e).split())[:160]}); resume with the settings it "
-                        f"was saved with (e.g. the same train.optimizer), or use another out_dir") from None
-    result.step, result.best_val = state["step"], state["best_val"]
-    result.skipped_steps = state.get("skipped_steps", 0)
 
 
 def _wrap(model: GPT, compile_model: bool, rt: Runtime) -> nn.Module:
@@ -314,9 +296,7 @@ def evaluate_and_save(run: Run, step: int) -> None:
     run.save(step)
 
 
-def _make_out_dir(out_dir: Path, rt: Runtime) -> None:
-    if not rt.is_main:
-        return
+def _make_out_dir(out_dir: Path) -> None:
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         probe = out_dir / ".write_test"
