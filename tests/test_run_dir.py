@@ -1,14 +1,13 @@
-"""A run directory has one writer, and readers never write.
+"""A run directory has one writer, and readers never write, through the command lines.
 
-The training process holds an OS lock on its out_dir (a second train.py gets exit 2 naming the holder's pid;
-a stale lock file never blocks); only that writer recovers a checkpoint swap a crash interrupted; readers
-(sample.py, model.checkpoint) rename, delete and create nothing, and read the complete checkpoint there is
-even while the run keeps swapping new ones in.
+A second train.py on a run's out_dir gets exit 2 naming the holder's pid, and the lock of a killed run blocks
+nobody; sample.py reads a half-swapped run in place and writes nothing there; a reader in a loop never
+disturbs a run that keeps saving. (The lock and the recovery in process: tests/test_run_lock.py.)
 """
 from __future__ import annotations
 
+import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -17,12 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.errors import UserError
-from model.checkpoint import find_checkpoint, load_checkpoint, read_config
-from tests.helpers import REPO, assert_one_line_error, fresh_copy, prepared_shakespeare_dir, run_cli, tiny_config
-from training.checkpoint import BEST, LATEST, TEST_SAVE_DELAY_ENV, checkpoint_dir, load_train_state
-from training.run_lock import LOCK_FILE, lock_run_dir
-from training.trainer import train
+from model.checkpoint import load_checkpoint, read_config
+from tests.helpers import REPO, assert_one_line_error, fresh_copy, prepared_shakespeare_dir, run_cli
+from training.checkpoint import BEST, LATEST, TEST_SAVE_DELAY_ENV, load_train_state
+from training.run_lock import LOCK_FILE
 
 RUN_ARGS = ["train.log_interval=1", "attn.enabled=false", "wandb.mode=disabled", "train.peak_flops=1e12"]
 
@@ -85,62 +82,6 @@ def test_a_second_run_on_the_same_out_dir_is_refused_naming_the_holder(tmp_path,
     assert third.returncode == 0, third.stderr[-2000:]
 
 
-def test_the_lock_is_held_for_the_whole_run_and_released_after(tmp_path):
-    out = tmp_path / "run"
-    seen = []
-
-    def try_second_writer(step: int) -> bool:
-        with pytest.raises(UserError, match=f"is in use by another training run \\(pid {os.getpid()} "):
-            lock_run_dir(out)
-        seen.append(step)
-        return False
-
-    train(tiny_config(out, "train.max_iters=3", "eval.interval=3", "attn.enabled=false"), should_stop=try_second_writer)
-    assert seen == [1, 2, 3]
-    with lock_run_dir(out) as lock:  # released when train() returned: the next writer gets it at once
-        assert lock.held
-    (out / LOCK_FILE).write_text("pid 999999999 on elsewhere, started long ago\n")  # a stale file, not a lock
-    assert train(tiny_config(out, "train.max_iters=4", "eval.interval=4", "attn.enabled=false")).step == 4
-
-
-def test_recovering_a_save_needs_the_lock(tmp_path):
-    out = tmp_path / "run"
-    out.mkdir()
-    lock = lock_run_dir(out)
-    lock.release()
-    with pytest.raises(RuntimeError, match="needs the run directory's lock"):
-        checkpoint_dir(lock, LATEST)
-
-
-# --- the writer recovers an interrupted swap ---------------------------------------------------------------
-
-def test_the_next_run_recovers_a_swap_that_died_between_its_renames(tmp_path, trained):
-    """latest/ and best/ moved aside (.name.old), their replacements never renamed in: the next run puts both
-    back, resumes from the checkpoint in .latest.old, and removes the half-written .latest.tmp."""
-    out, _ = fresh_copy(trained, tmp_path)
-    for name in (LATEST, BEST):
-        os.replace(out / name, out / f".{name}.old")
-    (out / f".{LATEST}.tmp").mkdir()
-    (out / f".{LATEST}.tmp" / "partial").write_text("half a save")
-    result = train(tiny_config(out, "train.max_iters=4", "eval.interval=100", "attn.enabled=false"),
-                   should_stop=lambda steps: steps == 3)  # stop (and save) before any eval could replace best/
-    assert sorted(result.losses) == [2]  # resumed at step 2, not restarted from 0
-    assert load_train_state(out / LATEST)["step"] == 3
-    assert read_config(out / BEST)["step"] == 2  # the recovered best/
-    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".") and p.name != LOCK_FILE) == []
-
-
-def test_a_swap_that_finished_its_renames_keeps_the_new_checkpoint(tmp_path, trained):
-    """Both renames done, .name.old not yet removed: `name` is the newer one; the next run keeps it."""
-    out, _ = fresh_copy(trained, tmp_path)
-    shutil.copytree(out / LATEST, out / f".{LATEST}.old")
-    state = load_train_state(out / f".{LATEST}.old")
-    torch.save({**state, "step": 1}, out / f".{LATEST}.old" / "train_state.pt")  # the older one
-    result = train(tiny_config(out, "train.max_iters=3", "eval.interval=100", "attn.enabled=false"))
-    assert sorted(result.losses) == [2]
-    assert not (out / f".{LATEST}.old").exists()
-
-
 # --- readers never write -------------------------------------------------------------------------------
 
 def test_sample_reads_a_half_swapped_run_in_place_and_writes_nothing(tmp_path, trained):
@@ -155,27 +96,6 @@ def test_sample_reads_a_half_swapped_run_in_place_and_writes_nothing(tmp_path, t
     assert f"{out / ('.' + BEST + '.old')}]" in proc.stderr  # the folder it read, in its summary line
     assert snapshot(out) == before
     assert (tmp_path / "attn_dump" / "attn.npz").is_file()  # the dump went to ./attn_dump, outside the run
-
-
-def test_find_checkpoint_looks_for_the_folder_again_after_its_old_copy(tmp_path, monkeypatch):
-    """A save can finish between a reader's look for best/ and its look for .best.old (which the save then
-    removed): the reader looks for best/ once more instead of falling through to latest/."""
-    run = tmp_path / "run"
-    for name in (BEST, LATEST):
-        (run / name).mkdir(parents=True)
-        (run / name / "config.json").write_text("{}")
-    looks = []
-    real_is_file = Path.is_file
-
-    def racing_is_file(path: Path) -> bool:
-        looks.append(path.parent.name)
-        if path.parent.name == BEST and looks.count(BEST) == 1:
-            return False  # best/ mid-swap at the first look
-        return real_is_file(path)
-
-    monkeypatch.setattr(Path, "is_file", racing_is_file)
-    assert find_checkpoint(run) == run / BEST
-    assert looks[:4] == ["run", BEST, f".{BEST}.old", BEST]
 
 
 def test_a_reader_in_a_loop_never_disturbs_a_run_that_keeps_saving(tmp_path, data_dir):
@@ -201,7 +121,6 @@ def test_a_reader_in_a_loop_never_disturbs_a_run_that_keeps_saving(tmp_path, dat
         proc.wait()
     assert rc == 0, log.read_text()[-2000:]
     assert len(reads) > 20 and reads == sorted(reads), reads  # a checkpoint read never goes back in time
-    import json
     evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     evals = [(row["step"], row["val/loss"]) for row in evals if "val/loss" in row]
     assert [step for step, _ in evals] == list(range(1, max_iters + 1))
