@@ -136,3 +136,46 @@ def test_the_data_fingerprint_follows_the_tokens_not_the_folder(tmp_path):
     (moved / "val.bin").write_bytes(bytes(tokens))
     assert data_fingerprint(load_prepared(moved))["fingerprint"] != data_fingerprint(prepared)["fingerprint"]
     assert data_fingerprint(prepared)["train_tokens"] == prepared.train_tokens
+
+
+def test_a_checkpoint_of_another_model_or_other_data_is_refused_in_one_line(tmp_path, trained):
+    from common.errors import UserError
+    from tests.helpers import fresh_copy
+    out, _ = fresh_copy(trained, tmp_path)
+    cases = [(["model.n_layer=3", "model.d_model=48"], ["a different model (n_layer 2 vs 3; d_model 32 vs 48)",
+                                                       f"use another out_dir, or delete '{out}' to start over"]),
+             (["data.val_fraction=0.2"], ["trained on other data (tinyshakespeare", "1003854 train / 111540 val tokens",
+                                         "than this run's (tinyshakespeare", "train.init_from=" + str(out)])]
+    (tmp_path / "other.txt").write_text("abc de\n" * 300)
+    cases.append((["data.source=text", f"data.path={tmp_path / 'other.txt'}"],
+                  ["trained with another tokenizer (char, 65 characters) than this run's data has (char, 7 characters)",
+                   "resume with the data it was trained on, or start a new run from these weights"]))
+    before = {p.name: p.read_bytes() for p in (out / LATEST).iterdir()}
+    for overrides, fragments in cases:
+        with pytest.raises(UserError) as e:
+            train(tiny_config(out, "train.max_iters=4", *overrides, *QUIET))
+        for fragment in fragments:
+            assert fragment in str(e.value), (fragment, str(e.value))
+    assert {p.name: p.read_bytes() for p in (out / LATEST).iterdir()} == before
+
+
+def test_a_resume_continues_the_count_of_skipped_steps(tmp_path, monkeypatch):
+    """train.nonfinite=skip: the steps skipped before a checkpoint still count after the resume."""
+    from model.gpt import GPT as Model
+    real_forward = Model.forward
+    calls = {"n": 0}
+
+    def nan_at_step_1(self, idx, targets=None, input_pos=None, last_only=False):
+        logits, loss = real_forward(self, idx, targets, input_pos, last_only)
+        if self.training and loss is not None:
+            calls["n"] += 1
+            if calls["n"] == 2:  # step 1 (0-based)
+                loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(Model, "forward", nan_at_step_1)
+    overrides = ["train.max_iters=4", "train.nonfinite=skip", "eval.interval=100", *QUIET]
+    first = train(tiny_config(tmp_path, *overrides), should_stop=lambda steps: steps == 3)
+    assert first.skipped_steps == 1 and load_train_state(tmp_path / LATEST)["skipped_steps"] == 1
+    second = train(tiny_config(tmp_path, *overrides))
+    assert second.skipped_steps == 1 and load_train_state(tmp_path / LATEST)["skipped_steps"] == 1

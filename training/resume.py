@@ -101,8 +101,8 @@ def resume(latest: Path, out_dir: Path, model: GPT, optimizers: Optimizers, load
 
     try:  # read and check everything first: a bad checkpoint fails before any state is changed
         saved = read_config(latest)
-        check_same_model(saved, model.config, out_dir)
-        check_same_data(saved, extra, out_dir)
+        check_same_data(saved, extra, out_dir)  # first: other data (a tokenizer of another size) explains a
+        check_same_model(saved, model.config, out_dir)  # vocab_size that differs better than the shape does
         load_weights(model, latest / WEIGHTS_FILE)
         state = load_train_state(latest)
         check_train_state(state, latest / STATE_FILE, model, optimizers, max_iters)
