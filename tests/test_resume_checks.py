@@ -179,3 +179,11 @@ def test_a_resume_continues_the_count_of_skipped_steps(tmp_path, monkeypatch):
     assert first.skipped_steps == 1 and load_train_state(tmp_path / LATEST)["skipped_steps"] == 1
     second = train(tiny_config(tmp_path, *overrides))
     assert second.skipped_steps == 1 and load_train_state(tmp_path / LATEST)["skipped_steps"] == 1
+
+
+def test_tokenizers_are_described_by_kind_and_size():
+    from training.resume import _describe_tokenizer
+    assert _describe_tokenizer({"kind": "char", "chars": "abc"}) == "char, 3 characters"
+    assert _describe_tokenizer({"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 50257}) == \
+        "tiktoken gpt2, 50257 tokens"
+    assert _describe_tokenizer(None) == "none recorded"

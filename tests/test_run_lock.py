@@ -96,3 +96,16 @@ def test_find_checkpoint_looks_for_the_folder_again_after_its_old_copy(tmp_path,
     monkeypatch.setattr(Path, "is_file", racing_is_file)
     assert find_checkpoint(run) == run / BEST
     assert looks[:4] == ["run", BEST, f".{BEST}.old", BEST]
+
+
+def test_the_lock_file_names_its_holder_and_an_unusable_one_is_one_line(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / LOCK_FILE).write_text("pid 999999999 on elsewhere, started long ago, a much longer stale line\n")
+    with lock_run_dir(out):
+        lines = (out / LOCK_FILE).read_text().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"pid {os.getpid()} on ")  # the stale text is gone
+    blocked = tmp_path / "blocked"
+    (blocked / LOCK_FILE).mkdir(parents=True)  # a folder where the lock file belongs
+    with pytest.raises(UserError, match=r"cannot write to out_dir '.*blocked' \(Is a directory\): choose a writable"):
+        lock_run_dir(blocked)

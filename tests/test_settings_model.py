@@ -133,3 +133,9 @@ def test_a_model_beyond_memory_is_refused_before_allocating(overrides):
     message = str(e.value)
     assert f"has {param_count(c):,} parameters" in message and "would need" in message and "\n" not in message
     assert check_fits_in_memory(config(), "cpu") == 4 * param_count(config()) + 24 * 4 * 8  # weights + RoPE table
+
+
+def test_memory_is_stated_in_decimal_units():
+    from model.memory import human_bytes
+    assert [human_bytes(n) for n in (0, 999, 1000, 1_500_000, 24e9, 3.2e13, 4e15, 7e21)] == [
+        "0 B", "999 B", "1.0 kB", "1.5 MB", "24.0 GB", "32.0 TB", "4.0 PB", "7000.0 EB"]
