@@ -7,7 +7,11 @@
 
 --ckpt also takes a Hugging Face model folder or hub id (GPT-2, Llama family): converted in memory.
 
-Loading reads only safetensors and JSON: nothing from the checkpoint is unpickled or executed.
+Loading reads only safetensors and JSON: nothing from the checkpoint is unpickled or executed, and nothing
+in the run's folder is written, renamed or deleted (a training run may be saving into it meanwhile: the
+checkpoint is read again if a save swapped it away mid-read). Attention dumps go to --dump-dir, by default
+./attn_dump, never into the run. A --prompt-file is read up to PROMPT_FILE_LIMIT bytes (1 MB; the model sees
+at most block_size tokens of it anyway).
 Decisions: an empty prompt starts from a newline (char) or <|endoftext|> (BPE); characters that a
 char-level vocabulary lacks are refused, naming them; a prompt longer than block_size keeps its last
 block_size tokens, with a warning; a prompt may start with a dash (`--prompt "- item"`).
@@ -24,6 +28,7 @@ from common.errors import ArgumentParser, UserError, user_errors_exit
 from model.checkpoint import CheckpointError
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "small.yaml"
+PROMPT_FILE_LIMIT = 1_000_000  # bytes: far more than any block_size of text, far less than memory
 
 
 def default_checkpoint() -> Path:
@@ -51,7 +56,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                 "or hub id, e.g. gpt2 (default: configs/small.yaml's out_dir)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default="", help="text to continue (default: empty, see module doc)")
-    src.add_argument("--prompt-file", type=Path, help="read the prompt from this UTF-8 file")
+    src.add_argument("--prompt-file", type=Path, help="read the prompt from this UTF-8 file (at most 1 MB)")
     p.add_argument("--num-samples", type=int, default=1, help="samples drawn in one batch")
     p.add_argument("--max-new-tokens", type=int, default=500)
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
@@ -62,8 +67,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--no-kv-cache", action="store_true", help="recompute the whole window at every step")
     p.add_argument("--dump-attn", metavar="SPEC", help="attention maps over the prompt: all | 0,2 | 1:3,0:1")
-    p.add_argument("--dump-dir", type=Path, help="where --dump-attn writes (default: <ckpt>/attn/; for a Hugging "
-                                                 "Face model ./attn/<name>/)")
+    p.add_argument("--dump-dir", type=Path, help="where --dump-attn writes (default: ./attn_dump; for a Hugging "
+                                                 "Face model ./attn_dump/<name>; never inside a run)")
     argv = sys.argv[1:] if argv is None else list(argv)
     return p.parse_args(attach_dash_prompt(argv, p))
 
@@ -103,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from common.device import resolve_device
     from insight.dump import dump_internals, parse_layer_heads
+    from model.memory import device_memory, human_bytes, kv_cache_bytes
     from model.generate import generate
     from pretrained.load import open_pretrained
 
@@ -117,23 +123,22 @@ def run(args: argparse.Namespace) -> int:
     if not -2**63 <= args.seed < 2**64:  # what torch.Generator.manual_seed takes
         raise UserError(f"--seed must be an integer from -2**63 to 2**64-1, got {args.seed}")
 
-    # an attngpt checkpoint or run, a Hugging Face folder or a hub id (converted in memory)
-    source = open_pretrained(args.ckpt or str(default_checkpoint()), hub=args.ckpt is not None)
     device = resolve_device(args.device, setting="--device ")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
     if dtype == torch.float16 and device.type == "cpu":
         raise UserError("--dtype float16 is slow or unsupported on CPU: use bfloat16 or float32")
+    prompt = read_prompt_file(args.prompt_file) if args.prompt_file is not None else args.prompt
+    # an attngpt checkpoint or run, a Hugging Face folder or a hub id (converted in memory)
+    source = open_pretrained(args.ckpt or str(default_checkpoint()), hub=args.ckpt is not None)
     model = source.build(device=device, dtype=dtype)
     tokenizer = source.tokenizer
     cfg = model.config
-
-    if args.prompt_file is not None:
-        try:
-            prompt = args.prompt_file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise UserError(f"cannot read --prompt-file '{args.prompt_file}': {e}") from None
-    else:
-        prompt = args.prompt
+    if not args.no_kv_cache:
+        cache = kv_cache_bytes(cfg, args.num_samples, dtype.itemsize)
+        if cache > device_memory(device):
+            raise UserError(f"not enough memory on {device} for {args.num_samples} sample(s) at once: their KV "
+                            f"cache would need {human_bytes(cache)}, the device has "
+                            f"{human_bytes(device_memory(device))}: lower --num-samples")
     ids = tokenizer.prompt_ids(prompt)
     if len(ids) > cfg.block_size:
         print(f"warning: the prompt has {len(ids)} tokens; the model sees at most block_size={cfg.block_size}, "
@@ -184,6 +189,23 @@ def run(args: argparse.Namespace) -> int:
           f"{new_tokens * args.num_samples / max(elapsed, 1e-9):.1f} tokens/s, "
           f"{'no KV cache' if args.no_kv_cache else 'KV cache'}, {source.label}]", file=sys.stderr)
     return 0
+
+
+def read_prompt_file(path: Path) -> str:
+    """The UTF-8 text of `path`, read up to PROMPT_FILE_LIMIT bytes: a larger file (or /dev/zero, a pipe
+    that never ends) is refused instead of filling memory."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(PROMPT_FILE_LIMIT + 1)
+    except OSError as e:
+        raise UserError(f"cannot read --prompt-file '{path}': {e.strerror or e}") from None
+    if len(data) > PROMPT_FILE_LIMIT:
+        raise UserError(f"--prompt-file '{path}' holds more than {PROMPT_FILE_LIMIT:,} bytes (the limit; the model "
+                        f"sees only its last block_size tokens anyway): pass a shorter file")
+    try:  # universal newlines, as a text-mode read gives
+        return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+    except UnicodeDecodeError as e:
+        raise UserError(f"cannot read --prompt-file '{path}': {e}") from None
 
 
 class StreamPrinter:

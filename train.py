@@ -14,15 +14,20 @@ from common.errors import ArgumentParser, UserError, user_errors_exit
 EXIT_INTERRUPTED = {"SIGINT": 130, "SIGTERM": 143, "requested": 0}
 
 
-class Terminated(Exception):
-    """SIGTERM outside the training loop (which handles it itself: finish the step, save, exit 143)."""
+class Terminated(BaseException):
+    """SIGTERM outside the training loop (which handles it itself: finish the step, save, exit 143).
+    A BaseException, like KeyboardInterrupt: no `except Exception` on the way (wandb's start-up) swallows it."""
 
 
 def _raise_terminated(signum, frame):
     raise Terminated
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, exit_at_once_when_interrupted: bool = False) -> int:
+    """The command line. exit_at_once_when_interrupted (the script itself): Ctrl-C or SIGTERM before the
+    training loop ends the process at once (os._exit), skipping exit hooks: wandb's would otherwise wait for
+    a server that does not answer (wandb.init_timeout, 90 s) before the process could exit. Nothing of ours
+    needs them there: no checkpoint is being written outside the loop."""
     parser = ArgumentParser(
         prog="train.py", description="Train a GPT from a YAML config.",
         epilog="example: python train.py configs/small.yaml train.max_iters=200 wandb.mode=disabled")
@@ -39,10 +44,22 @@ def main(argv: list[str] | None = None) -> int:
     except Terminated:
         print("train.py: terminated (SIGTERM) outside the training loop; checkpoints on disk are intact",
               file=sys.stderr)
-        return EXIT_INTERRUPTED["SIGTERM"]
+        return _interrupted(EXIT_INTERRUPTED["SIGTERM"], exit_at_once_when_interrupted)
+    except SystemExit as e:  # user_errors_exit: Ctrl-C outside the loop (its line printed) -> 130
+        if e.code == EXIT_INTERRUPTED["SIGINT"]:
+            return _interrupted(e.code, exit_at_once_when_interrupted)
+        raise
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupted(code: int, at_once: bool) -> int:
+    if at_once:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def out_of_memory(e: BaseException) -> bool:
@@ -56,10 +73,11 @@ def _main(args) -> int:
 
     with user_errors_exit("train.py", also=(CheckpointError,)):
         from training.config import config_to_yaml, load_run_config
+        from training.runtime import distributed_env
         from training.trainer import train
 
         cfg = load_run_config(args.config, args.overrides)
-        is_main = int(os.environ.get("RANK", "0")) == 0  # under torchrun only rank 0 prints
+        is_main = distributed_env().rank == 0  # under torchrun only rank 0 prints
         if is_main:
             print(f"# config {args.config} {' '.join(args.overrides)}\n{config_to_yaml(cfg)}", end="", flush=True)
         try:
@@ -82,4 +100,4 @@ def _main(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(exit_at_once_when_interrupted=True))

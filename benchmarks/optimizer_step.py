@@ -28,10 +28,11 @@ import _report  # noqa: E402
 from common.errors import ArgumentParser, UserError, user_errors_exit  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
 
-# (name, ModelConfig): the model of configs/small.yaml (also train_throughput.py's nanoGPT CPU shape), and
-# nanoGPT's shakespeare-char GPU shape, 14x the parameters
+# (name, ModelConfig): configs/small.yaml's shape (also train_throughput.py's nanoGPT CPU shape) with
+# ModelConfig's defaults otherwise (GELU, LayerNorm, learned positions: not small.yaml's SwiGLU/RMSNorm/RoPE),
+# and nanoGPT's shakespeare-char GPU shape, 14x the parameters
 SHAPES = (
-    ("4 x 128, GQA 4/2 (small.yaml)",
+    ("4 x 128, GQA 4/2 (ModelConfig defaults: GELU, LayerNorm, learned positions)",
      ModelConfig(vocab_size=65, block_size=128, n_layer=4, n_head=4, n_kv_head=2, d_model=128)),
     ("6 x 384, MHA 6",
      ModelConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, d_model=384)),

@@ -27,13 +27,54 @@ def closest(name: str, choices: list[str], prefix: str = "") -> str:
     return f" (valid keys: {', '.join(prefix + c for c in sorted(choices))})"
 
 
+MAX_CONFIG_BYTES = 1_000_000  # a real config is a few kB; parsing 10 MB of YAML takes a minute
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (plain PyYAML keeps the last silently:
+    a second `train:` section would replace the first). Merge keys (`<<: *base`) may still override."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise DuplicateKeyError(f"'{key}' is given twice in one mapping (lines {seen[key]} and {line}): "
+                                        f"keep one of them")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+class DuplicateKeyError(yaml.YAMLError):
+    """A key given twice in one YAML mapping."""
+
+
+def parse_yaml(text: str) -> Any:
+    """yaml.safe_load, refusing duplicate keys."""
+    return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping; a missing file or a syntax error becomes one clear line."""
+    """Read a YAML mapping; a missing, oversized or unreadable file, a syntax error or a duplicate key becomes
+    one clear line."""
     p = Path(path)
     if not p.is_file():
         raise UserError(f"config file '{path}' not found: pass the path to a YAML file, e.g. configs/small.yaml")
     try:
-        loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+        with open(p, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as e:
+        raise UserError(f"cannot read config file '{path}' ({e.strerror or e})") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise UserError(f"config file '{path}' is larger than {MAX_CONFIG_BYTES // 1_000_000} MB (configs are a "
+                        f"few kB): is it the right file?")
+    try:
+        loaded = parse_yaml(data.decode("utf-8"))
+    except DuplicateKeyError as e:
+        raise UserError(f"config file '{path}': {e}") from None
     except RecursionError:
         raise UserError(f"config file '{path}' nests lists or mappings too deeply to read") from None
     except yaml.YAMLError as e:
@@ -85,7 +126,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not key or any(not part for part in key.split(".")):
         raise UserError(f"override '{text}' has an empty key: write section.key=value, e.g. train.max_iters=200")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = parse_yaml(raw) if raw.strip() else None
+    except DuplicateKeyError as e:
+        raise UserError(f"override '{key}': {e}") from None
     except (yaml.YAMLError, RecursionError):  # RecursionError: brackets nested thousands deep
         value = raw  # not YAML: keep it as the literal string, the type check decides
     check_shape(value, f"the value of override '{key}'")

@@ -3,8 +3,9 @@ e.g. the tokenizer). Everything sampling needs, and nothing that runs code when 
 JSON are data formats, unlike pickle.
 
 Writing is not atomic here: callers write into a fresh folder and rename it (training/checkpoint.py).
-Reading never writes: `find_checkpoint` and `load_model` rename, delete and create nothing, so they are
-safe while a run is saving into the same folder.
+Reading never writes: `find_checkpoint`, `load_checkpoint` and `load_model` rename, delete and create
+nothing, so they are safe while a run is saving into the same folder; `load_checkpoint` reads again when a
+save swapped the folder away mid-read.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from model.config import ModelConfig
 from model.gpt import GPT
+from model.memory import check_fits_in_memory
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -57,17 +59,50 @@ def find_checkpoint(path: str | Path) -> Path:
 
     A run swaps a new checkpoint in with two renames (`name` -> `.name.old`, `.name.tmp` -> `name`); a reader
     that arrives between them finds `name` missing and reads the complete `.name.old` where it lies. Only
-    the training run itself, which owns the folder, ever moves it back."""
+    the training run itself, which owns the folder, ever moves it back. `name` is looked for again after
+    `.name.old`: a save may finish between the two looks (and remove `.name.old`)."""
     path = Path(path)
     if (path / CONFIG_FILE).is_file():
         return path
     if path.is_dir():
         for name in (BEST, LATEST):
-            for candidate in (path / name, path / f".{name}.old"):
+            for candidate in (path / name, path / f".{name}.old", path / name):
                 if (candidate / CONFIG_FILE).is_file():
                     return candidate
     raise CheckpointError(f"no checkpoint at '{path}': train one with `python train.py configs/small.yaml`, "
                           f"or pass --ckpt a run's out_dir or a checkpoint folder")
+
+
+def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> tuple[Path, GPT, dict[str, Any]]:
+    """find_checkpoint + load_model, safe while the run is saving into the same out_dir: when the folder it
+    read was swapped or removed meanwhile (its files vanished, or it is another folder now), it looks again,
+    up to a few times, and reads the checkpoint now in place. A damaged checkpoint that stays put raises its
+    CheckpointError at once. Returns (folder read, model in eval mode, config.json payload)."""
+    for attempt in range(SWAP_RETRIES + 1):
+        folder = find_checkpoint(path)
+        before = _identity(folder)
+        try:
+            model, payload = load_model(folder, device)
+        except CheckpointError:
+            if attempt == SWAP_RETRIES or _identity(folder) == before:
+                raise
+            continue
+        if _identity(folder) == before:
+            return folder, model, payload
+    raise CheckpointError(f"the checkpoint at '{path}' kept changing while it was read (a run saving every "
+                          f"few milliseconds?): pass --ckpt a checkpoint folder that is not being written")
+
+
+SWAP_RETRIES = 3  # a save swaps in well under a second; two saves in a row during one read would be odd
+
+
+def _identity(folder: Path) -> tuple[int, int, int] | None:
+    """Which folder (device, inode) and which config.json (its inode) sit at `folder` now; None if gone."""
+    try:
+        st, config = folder.stat(), (folder / CONFIG_FILE).stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, config.st_ino
 
 
 def read_config(directory: str | Path) -> dict[str, Any]:
@@ -77,8 +112,12 @@ def read_config(directory: str | Path) -> dict[str, Any]:
     try:
         payload = json.loads(path.read_text(encoding="utf-8"))
         ModelConfig.from_dict(payload["model"])
+    except FileNotFoundError:  # removed since the check above (a run swapping its checkpoints)
+        raise CheckpointError(f"no {CONFIG_FILE} in '{directory}': not a checkpoint folder") from None
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"'{path}' is corrupted or not an attngpt config ({type(e).__name__}: {e})") from None
+    except OSError as e:
+        raise CheckpointError(f"cannot read '{path}' ({e.strerror or e})") from None
     return payload
 
 
@@ -87,7 +126,9 @@ def load_model(directory: str | Path, device: torch.device | str = "cpu") -> tup
     Missing, truncated or corrupted files and weights of another shape raise CheckpointError."""
     directory = Path(directory)
     payload = read_config(directory)
-    model = GPT(ModelConfig.from_dict(payload["model"]))
+    config = ModelConfig.from_dict(payload["model"])
+    check_fits_in_memory(config, device, source=f"'{directory / CONFIG_FILE}'")
+    model = GPT(config)
     load_weights(model, directory / WEIGHTS_FILE)
     return model.to(device).eval(), payload
 

@@ -20,13 +20,16 @@ import torch
 from common.errors import UserError
 from data.hf_tokenizer import tokenizer_for_hf_folder
 from data.tokenizer import tokenizer_from_json
-from model.checkpoint import (CONFIG_FILE, WEIGHTS_FILE, CheckpointError, find_checkpoint, load_model,
+from model.checkpoint import (CONFIG_FILE, WEIGHTS_FILE, CheckpointError, find_checkpoint, load_checkpoint,
                               load_weights, read_config)
 from model.config import ModelConfig
 from model.gpt import GPT
+from model.memory import check_fits_in_memory
 from model.hf.config_map import hf_model_type, model_config_from_hf
 from model.hf.load import build_model, check_hf_weights, load_state, read_hf_state
 from model.hf.source import download, is_hf_config, looks_like_hub_id, read_hf_config
+
+DUMP_DIR = Path("attn_dump")
 
 
 @dataclass
@@ -38,27 +41,30 @@ class Pretrained:
     tokenizer: Any  # data.tokenizer.Tokenizer
     hf_config: dict[str, Any] | None = None
     remedy: str = ""  # what a damaged source's error message advises
+    path: Path | None = None  # what the user named (a run's out_dir, or the folder itself): build() reads it again
 
     @property
     def label(self) -> str:
         return self.src if self.kind == "hf" else str(self.folder)
 
     def default_dump_dir(self) -> Path:
-        """Where sample.py --dump-attn writes by default: the checkpoint's attn/; for a Hugging Face model
-        (whose folder may be the shared hub cache) ./attn/<name> instead."""
+        """Where sample.py --dump-attn writes by default: ./attn_dump, never into a run's folder (a reader never
+        writes there) nor into the hub cache; for a Hugging Face model ./attn_dump/<name>."""
         if self.kind == "attngpt":
-            return self.folder / "attn"
+            return DUMP_DIR
         name = re.sub(r"[^A-Za-z0-9._-]+", "_", self.src.strip("/")).strip("._")
-        return Path("attn") / (name or "hf")
+        return DUMP_DIR / (name or "hf")
 
     def build(self, device: torch.device | str = "cpu", dtype: torch.dtype | None = torch.float32) -> GPT:
-        """The model with the source's weights, in eval mode; dtype None keeps the stored dtype."""
+        """The model with the source's weights, in eval mode; dtype None keeps the stored dtype. A model that
+        cannot fit in the device's memory is refused before anything is allocated."""
         if self.kind == "attngpt":
-            try:
-                model, _ = load_model(self.folder, device=device)
+            try:  # looked up again from `path`: a run may have swapped its checkpoint meanwhile
+                self.folder, model, _ = load_checkpoint(self.path or self.folder, device=device)
             except CheckpointError as e:
                 raise CheckpointError(f"{e}; {self.remedy}") from None
             return model if dtype is None else model.to(dtype)
+        check_fits_in_memory(self.config, device, source=f"'{self.folder / CONFIG_FILE}'")
         state = read_hf_state(self.folder, self.hf_config, self.config, dtype)
         return build_model(self.config, state, device)
 
@@ -104,7 +110,7 @@ def open_pretrained(src: str | Path, what: str = "--ckpt", hub: bool = True, rem
                 raise  # its own message: train one first, or pass --ckpt ...
             raise CheckpointError(f"no checkpoint or Hugging Face model at '{text}': pass {what} a run's out_dir, a "
                                   f"checkpoint folder, a Hugging Face model folder or a hub id") from None
-        return _open_attngpt(folder, remedy)
+        return _open_attngpt(folder, remedy, path)
     if looks_like_hub_id(text):
         return _open_hf(download(text), text, remedy)
     if what == "--ckpt":
@@ -113,7 +119,7 @@ def open_pretrained(src: str | Path, what: str = "--ckpt", hub: bool = True, rem
                           f"Face model folder or a hub id (e.g. gpt2)")
 
 
-def _open_attngpt(folder: Path, remedy: str) -> Pretrained:
+def _open_attngpt(folder: Path, remedy: str, path: Path | None = None) -> Pretrained:
     try:
         payload = read_config(folder)
     except CheckpointError as e:
@@ -121,9 +127,9 @@ def _open_attngpt(folder: Path, remedy: str) -> Pretrained:
     tokenizer = tokenizer_from_json(payload.get("tokenizer"), base_dir=folder,
                                     remedy=f"the tokenizer in {folder / CONFIG_FILE} is damaged: {remedy}")
     config = ModelConfig.from_dict(payload["model"])
-    _check_vocab(config, tokenizer, folder)
+    _check_vocab(config, tokenizer, folder, remedy)
     return Pretrained(src=str(folder), kind="attngpt", folder=folder, config=config, tokenizer=tokenizer,
-                      remedy=remedy)
+                      remedy=remedy, path=path)
 
 
 def _open_hf(folder: Path, src: str, remedy: str) -> Pretrained:
@@ -132,12 +138,13 @@ def _open_hf(folder: Path, src: str, remedy: str) -> Pretrained:
     config = model_config_from_hf(hf_config, where)
     check_hf_weights(folder, hf_config, config)  # headers only: a folder without (fitting) weights fails here
     tokenizer = tokenizer_for_hf_folder(folder, hf_config, hf_model_type(hf_config, where), name=src)
-    _check_vocab(config, tokenizer, folder)
+    _check_vocab(config, tokenizer, folder, remedy)
     return Pretrained(src=src, kind="hf", folder=folder, config=config, tokenizer=tokenizer, hf_config=hf_config,
                       remedy=remedy)
 
 
-def _check_vocab(config: ModelConfig, tokenizer: Any, folder: Path) -> None:
+def _check_vocab(config: ModelConfig, tokenizer: Any, folder: Path, remedy: str) -> None:
     if tokenizer.vocab_size > config.vocab_size:
         raise UserError(f"the tokenizer of '{folder}' has {tokenizer.vocab_size} tokens but the model only "
-                        f"{config.vocab_size}: its config and tokenizer do not belong together")
+                        f"{config.vocab_size} (model.vocab_size): its config and tokenizer do not belong together; "
+                        f"{remedy}")

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from tests.bad_input_trust import MORE_DAMAGE, more_cases
 from tests.helpers import Plant
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,6 +55,7 @@ class Case:
     outcome: str = "error"  # error: one line, exit 2 | warning: a warning line, exit 0
     needs_no_gpu: bool = False  # the input is only bad on a machine without CUDA
     file_size_limit: int | None = None  # RLIMIT_FSIZE in bytes: writes past it fail with EFBIG
+    intact: bool = False  # afterwards {run}'s checkpoint must still load at step 2 (always so for undamaged {run})
 
 
 # --- ways to damage {run}/latest ---------------------------------------------------------------------------
@@ -142,7 +144,7 @@ CASES: list[Case] = [
          ("dtype float16 needs a CUDA GPU", "use bfloat16 or float32")),
     Case("train-model-too-big", "train.py", "environment", "a model far larger than memory (d_model 10**13)",
          (*TRAIN, "model.d_model=10000000000000", "model.n_head=1", "model.n_kv_head=1"),
-         ("out of memory on cpu", "can't allocate memory", "lower train.batch_size", "or the model's size")),
+         ("the model in this run's config has", "parameters", "would need", "make the model smaller")),
     Case("train-out-dir-unwritable", "train.py", "environment", "out_dir below a regular file (cannot be created)",
          ("configs/tiny.yaml", "out_dir={file}/run"),
          ("cannot write to out_dir", "(Not a directory)", "choose a writable folder with out_dir=PATH")),
@@ -166,8 +168,9 @@ CASES: list[Case] = [
          (*RESUME, "model.n_layer=3"), ("holds a checkpoint of a different model (n_layer 2 vs 3)",
                                         "use another out_dir")),
     Case("train-resume-other-optimizer", "train.py", "checkpoint", "resuming with another train.optimizer",
-         (*RESUME, "train.optimizer=muon"), ("train_state.pt does not fit this run", "optimizer state holds",
-                                             "the same train.optimizer")),
+         (*RESUME, "train.optimizer=muon"), ("train_state.pt' does not fit this run",
+                                             "holds the state of 1 optimizer(s), this run uses 2",
+                                             "the train.optimizer it was saved with")),
     Case("train-resume-state-pickle", "train.py", "checkpoint", DAMAGE["state_pickle"][0], RESUME,
          ("train_state.pt' holds objects other than tensors and plain data", "GLOBAL posix.system",
           "could run code", "use another out_dir, or delete"), damage="state_pickle"),
@@ -355,6 +358,11 @@ CASES += [
          files={"llama/config.json": json.dumps(_LLAMA), "llama/model.safetensors": _LLAMA_WEIGHTS,
                 "llama/tokenizer.json": "{}", "shadow/tokenizers/__init__.py": FAKE_TOKENIZERS}),
 ]
+
+
+# the cases of tests/bad_input_trust.py
+DAMAGE.update(MORE_DAMAGE)
+CASES += more_cases(Case, TRAIN, RESUME)
 
 
 # --- the doc -------------------------------------------------------------------------------------------

@@ -66,11 +66,15 @@ def fresh_copy(trained: tuple[Path, object], tmp_path: Path) -> tuple[Path, obje
     return copy, model
 
 
-def run_cli(args: list[str], env_extra: dict[str, str] | None = None, timeout: float = 180,
+def run_cli(args: list[str], env_extra: dict[str, str] | None = None, timeout: float = 180, cwd: Path | None = None,
             **kwargs) -> subprocess.CompletedProcess:
-    """Run a project command line (`train.py`, `sample.py`, `-m data.prepare`) like a user would."""
+    """Run a project command line (`train.py`, `sample.py`, `-m data.prepare`) like a user would: from the
+    repository, or from `cwd` (scripts are then found in the repository, and `-m` modules through PYTHONPATH)."""
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1", **(env_extra or {})}
-    return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True,
+    if cwd is not None:
+        args = [str(REPO / a) if a.endswith(".py") and not os.path.isabs(a) else a for a in args[:1]] + args[1:]
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, *args], cwd=cwd or REPO, env=env, capture_output=True, text=True,
                           timeout=timeout, **kwargs)
 
 
@@ -82,3 +86,46 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, prog: str, *fragmen
     assert len(lines) == 1 and lines[0].startswith(f"{prog}: error:"), proc.stderr[-2000:]
     for fragment in fragments:
         assert fragment in lines[0], (fragment, lines[0])
+
+
+def kill_tree(pid: int, timeout: float = 30) -> None:
+    """SIGKILL `pid` and every process below it, as a power cut would, and wait until none runs. torchrun
+    starts each worker in a session of its own: killing torchrun's process group would leave the workers
+    running (and writing into the run's folder)."""
+    import signal
+    import time
+
+    def children(p: int) -> list[int]:
+        found: list[int] = []
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                found += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                pass
+        return found
+
+    tree, todo = [], [pid]
+    while todo:  # freeze each process first, so that none starts another while we look
+        p = todo.pop()
+        try:
+            os.kill(p, signal.SIGSTOP)
+        except ProcessLookupError:
+            continue
+        tree.append(p)
+        todo += children(p)
+    for p in tree:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def running(p: int) -> bool:
+        try:
+            return Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is done
+        except (OSError, IndexError):
+            return False
+
+    deadline = time.monotonic() + timeout
+    while any(running(p) for p in tree):
+        assert time.monotonic() < deadline, f"processes {tree} outlived SIGKILL"
+        time.sleep(0.02)

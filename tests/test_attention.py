@@ -143,14 +143,20 @@ def test_rows_sum_to_one_and_future_is_exactly_zero():
 
 
 def test_scaling_keeps_scores_unit_variance():
-    # the chapter's Figure 5.1: the std of q.k grows like sqrt(d_k); divided by sqrt(d_k) it stays ~1
+    """The chapter's Figure 5.1, through the project's formula: q.k has std sqrt(d_k), and the scores the
+    attention uses (recovered from its weights) have std ~1 at every d_k. Each query sees its key and a zero
+    key (score 0), so log(w_key / w_zero) is exactly the scaled score the softmax was given."""
     g = torch.Generator().manual_seed(4)
     for d_k in (4, 64, 1024):
-        q = torch.randn(20000, d_k, generator=g)
-        k = torch.randn(20000, d_k, generator=g)
-        raw = (q * k).sum(-1)
-        assert abs(raw.std().item() / math.sqrt(d_k) - 1) < 0.05
-        assert abs((raw / math.sqrt(d_k)).std().item() - 1) < 0.05
+        q = torch.randn(20000, 1, d_k, generator=g, dtype=torch.float64)
+        k = torch.cat([torch.randn(20000, 1, d_k, generator=g, dtype=torch.float64),
+                       torch.zeros(20000, 1, d_k, dtype=torch.float64)], dim=1)  # (N, 2, d_k)
+        _, weights = scaled_dot_product_attention(q, k, torch.zeros(20000, 2, 1, dtype=torch.float64))
+        scores = torch.log(weights[:, 0, 0] / weights[:, 0, 1])  # (N,)
+        raw = (q[:, 0] * k[:, 0]).sum(-1)
+        assert abs(raw.std().item() / math.sqrt(d_k) - 1) < 0.05  # unscaled: grows like sqrt(d_k)
+        assert abs(scores.std().item() - 1) < 0.05  # scaled: stays ~1
+        torch.testing.assert_close(scores, raw / math.sqrt(d_k))
 
 
 def test_bf16_inputs_give_float32_weights():

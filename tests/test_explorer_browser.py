@@ -11,7 +11,6 @@ import shutil
 
 import numpy as np
 import pytest
-import torch
 
 from insight.dump import dump_internals
 from insight.explorer import write_explorer

@@ -2,14 +2,13 @@
 
 - 2 processes (train.parallel=fsdp) give the losses of 1 process with twice the accumulation, and the
   same weights (the consolidated model.safetensors), as tests/test_ddp.py shows for DDP;
-- a run killed (SIGKILL, the whole process group) and resumed equals the uninterrupted run, step by step;
+- a run killed (SIGKILL, torchrun and every worker) and resumed equals the uninterrupted run, step by step;
 - a sharded checkpoint is refused, with one line, by a run of another kind or process count.
 """
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ import pytest
 import torch
 
 from model.checkpoint import load_model
-from tests.helpers import REPO, assert_one_line_error, prepared_shakespeare_dir, run_cli
+from tests.helpers import REPO, assert_one_line_error, kill_tree, prepared_shakespeare_dir, run_cli
 
 COMMON = ["configs/tiny.yaml", "train.max_iters=6", "train.log_interval=1", "eval.interval=2", "eval.iters=2",
           "model.dropout=0.0", "train.peak_flops=1e12"]
@@ -79,7 +78,7 @@ def test_killed_fsdp_run_resumes_exactly(tmp_path, env, uninterrupted):
         assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "killed.log").read_text()[-3000:]
         time.sleep(0.02)
     time.sleep(1.5)  # into the steps or the pauses of the step-4 save
-    os.killpg(proc.pid, signal.SIGKILL)
+    kill_tree(proc.pid)  # torchrun and both workers
     proc.wait()
     resumed = run_cli([*TORCHRUN, *COMMON, f"out_dir={out}", "train.parallel=fsdp"], env_extra=env, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -24,10 +24,9 @@ import pytest
 import torch
 
 from common.errors import UserError
-from model.checkpoint import load_model, read_config
+from model.checkpoint import find_checkpoint, load_model, read_config
 from tests.helpers import REPO, fresh_copy, prepared_shakespeare_dir, run_cli, tiny_config
-from training.checkpoint import BEST, LATEST, STATE_FILE, TEST_SAVE_DELAY_ENV, checkpoint_dir, load_train_state, \
-    save_checkpoint
+from training.checkpoint import BEST, LATEST, STATE_FILE, TEST_SAVE_DELAY_ENV, load_train_state, save_checkpoint
 from training.trainer import train
 
 # the tiny run of the crash and signal tests: a checkpoint every 2 steps; the peak FLOP/s is given, so no
@@ -95,24 +94,44 @@ def modified_since(path: Path, t: float) -> bool:
         return False
 
 
+def complete_checkpoint(out_dir: Path, name: str) -> Path | None:
+    """What a resume finds after a crash: `name`, or `.name.old` when the save died between its renames."""
+    for candidate in (out_dir / name, out_dir / f".{name}.old"):
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
 def assert_checkpoints_load(out_dir: Path, scratch: Path) -> int | None:
-    """What a resume would find: the latest checkpoint (recovered from .latest.old if a save died between
-    its renames) loads, weights and training state; best/ loads too. Checked on a copy, so that the
-    resume itself still has to do any recovery. Returns the latest step (None before the first save)."""
+    """What a resume would find: the latest checkpoint (`.latest.old` if a save died between its renames)
+    loads, weights and training state; best/ loads too (as a reader finds it). Checked on a copy, and
+    without renaming anything: the next run has to do the recovery. Returns the latest step (None before
+    the first save)."""
     shutil.rmtree(scratch, ignore_errors=True)
     shutil.copytree(out_dir, scratch)
     step = None
-    latest = checkpoint_dir(scratch, LATEST)
+    latest = complete_checkpoint(scratch, LATEST)
     if latest is not None:
         model, _ = load_model(latest)
         state = load_train_state(latest)
         step = state["step"]
         assert step % 2 == 0, step  # only evals (every 2 steps) and the end save
         assert all(torch.isfinite(p).all() for p in model.parameters())
-    best = checkpoint_dir(scratch, BEST)
-    if best is not None:
-        load_model(best)
+    if complete_checkpoint(scratch, BEST) is not None:
+        load_model(find_checkpoint(scratch))
     return step
+
+
+def resumed_at(log: Path) -> int | None:
+    """The step a train.py process said it resumed from ("resuming from '...' at step N"), if it got there."""
+    return resumed_at_text(log.read_text() if log.is_file() else "")
+
+
+def resumed_at_text(text: str) -> int | None:
+    marker = text.rfind("' at step ")
+    if "resuming from '" not in text or marker < 0:
+        return None
+    return int(text[marker + len("' at step "):].split()[0])
 
 
 def test_sigkill_at_random_moments_never_loses_a_checkpoint_and_resume_is_exact(tmp_path, data_dir):
@@ -134,7 +153,7 @@ def test_sigkill_at_random_moments_never_loses_a_checkpoint_and_resume_is_exact(
              "save_between", "save_between"]
     rng.shuffle(kinds)
     delay = 1.0  # seconds the save hook pauses in each of its two windows (margin for a loaded CI machine)
-    steps_seen, kills = [], []
+    steps_seen, kills = [], []  # the latest step on disk after each kill (None before the first save)
     for attempt, kind in enumerate(kinds):
         env = cli_env(data_dir, **({TEST_SAVE_DELAY_ENV: str(delay)} if kind.startswith("save") else {}))
         lines_before = metrics_lines(out)
@@ -170,17 +189,31 @@ def test_sigkill_at_random_moments_never_loses_a_checkpoint_and_resume_is_exact(
         if kind == "save_between":  # caught in the window that only .latest.old recovery survives
             assert (out / f".{LATEST}.old").is_dir() and not (out / LATEST).exists()
         step = assert_checkpoints_load(out, scratch)
-        assert step is None or not steps_seen or steps_seen[-1] is None or step >= steps_seen[-1], steps_seen
+        saved_before = [s for s in steps_seen if s is not None]
+        if saved_before:  # a checkpoint, once saved, is never lost and never goes back
+            assert step is not None and step >= saved_before[-1], (kind, step, steps_seen)
+        # the process just killed resumed from exactly what the previous kill left on disk (when it got that
+        # far): a skipped recovery of .latest.old would restart it from step 0
+        resumed = resumed_at(tmp_path / f"stderr_{attempt}.txt")
+        if resumed is not None:
+            assert saved_before and resumed == saved_before[-1], (kind, resumed, steps_seen)
         steps_seen.append(step)
-        kills.append(kind)
+        kills.append((kind, step, resumed))
 
-    print(f"kills: {list(zip(kills, steps_seen))}")  # shown with pytest -s
-    assert len(kills) >= 10
+    print(f"kills (kind, latest step on disk, step resumed from): {kills}")  # shown with pytest -s
+    # the kills landed where they were aimed: at least one resume started from a checkpoint that only the
+    # recovery of .latest.old could give back (a save_between kill, then a process that got to resuming)
+    after_between = [kills[i + 1][2] for i, (kind, _, _) in enumerate(kills[:-1]) if kind == "save_between"]
     assert any(s is not None for s in steps_seen) and max(s for s in steps_seen if s is not None) < max_iters
     final = subprocess.run(train_argv(out, max_iters), cwd=REPO, env=cli_env(data_dir), capture_output=True,
                            text=True, timeout=180)
     assert final.returncode == 0 and "Traceback" not in final.stderr, final.stderr[-2000:]
     assert f"done: {max_iters} steps in " in final.stdout
+    final_resume = resumed_at_text(final.stderr)
+    assert final_resume == steps_seen[-1], (final_resume, kills)
+    if kinds[-1] == "save_between":
+        after_between.append(final_resume)
+    assert any(s is not None for s in after_between), kills
     assert not (out / f".{LATEST}.tmp").exists() and not (out / f".{LATEST}.old").exists()
     assert train_losses(out) == expected  # exact float equality, every step 1..max_iters
     assert load_train_state(out / LATEST)["step"] == max_iters

@@ -13,11 +13,13 @@ attention path, in eval mode with no grad, and the run records:
 from __future__ import annotations
 
 import csv
+import os
 import time
 from pathlib import Path
 
 import torch
 
+from common.errors import UserError
 from data.prepare import PreparedData
 from insight.explorer import write_explorer
 from insight.heatmap import draw_heatmap
@@ -26,6 +28,7 @@ from model.gpt import GPT
 from training.config import RunConfig
 from training.logger import RunLogger
 from training.runtime import Runtime
+from training.writes import could_not_write
 
 STATS_FILE = "stats.csv"
 EXPLORER_MAX_BYTES = 4_000_000  # per snapshot (a run writes one per eval): q/k/v for the step-by-step view beyond it are left out
@@ -37,12 +40,27 @@ def default_layers(n_layer: int) -> list[int]:
 
 
 def probe_ids(cfg: RunConfig, prepared: PreparedData, block_size: int) -> list[int]:
+    """The probe's token ids: attn.probe_text encoded, or the first block_size tokens of the val split."""
     if cfg.attn.probe_text:
-        ids = prepared.tokenizer.encode(cfg.attn.probe_text)
+        try:
+            ids = prepared.tokenizer.encode(cfg.attn.probe_text)
+        except UserError as e:  # e.g. characters a char-level vocabulary lacks
+            raise UserError(f"attn.probe_text: {e}") from None
         if not ids:
-            raise ValueError("attn.probe_text encodes to no tokens")
+            raise UserError("attn.probe_text encodes to no tokens: give it some text, or remove it to probe "
+                            "with the start of the validation split")
         return ids[:block_size]
     return [int(t) for t in prepared.stream("val").read(0, block_size)]
+
+
+def _row_step(row: list[str]) -> int | None:
+    """The step of a stats.csv row, or None for a row that is not one of ours."""
+    if len(row) != 3 + len(STAT_NAMES):
+        return None
+    try:
+        return int(row[0])
+    except ValueError:
+        return None
 
 
 class AttentionMonitor:
@@ -55,22 +73,30 @@ class AttentionMonitor:
         ids = probe_ids(cfg, prepared, model.config.block_size)
         self.idx = torch.tensor([ids], dtype=torch.long, device=rt.device)  # (1, T)
         self.tokens = prepared.tokenizer.token_strings(ids)
-        self.dir = Path(cfg.out_dir) / "attn"
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.out_dir = Path(cfg.out_dir)
+        self.dir = self.out_dir / "attn"
+        with could_not_write(self.dir, self.out_dir):  # out_dir/attn being a file: refused at the start
+            self.dir.mkdir(parents=True, exist_ok=True)
         self.stats_path = self.dir / STATS_FILE
         self._drop_rows_after(start_step)
         self.seconds = 0.0  # time spent here, to report the overhead
 
     def _drop_rows_after(self, step: int) -> None:
-        """A resumed run redoes the steps after its checkpoint: forget their rows, keep one per (step, layer, head)."""
+        """A resumed run redoes the steps after its checkpoint: forget their rows, keep one per (step, layer, head).
+        Rows that are not (step, layer, head, stats...) (a line cut short by a crash) are dropped too. The file
+        is rewritten whole or not at all (temporary file, then a rename)."""
         if not self.stats_path.is_file():
             return
-        with open(self.stats_path, newline="") as f:
-            rows = list(csv.reader(f))
-        kept = [rows[0]] + [r for r in rows[1:] if r and int(r[0]) <= step]
-        if len(kept) != len(rows):
-            with open(self.stats_path, "w", newline="") as f:
-                csv.writer(f).writerows(kept)
+        header = ["step", "layer", "head", *STAT_NAMES]
+        with could_not_write(self.stats_path, self.out_dir):
+            with open(self.stats_path, newline="", encoding="utf-8", errors="replace") as f:
+                rows = [row for row in csv.reader(line.replace("\0", "") for line in f)]
+            kept = [header] + [r for r in rows[1:] if _row_step(r) is not None and _row_step(r) <= step]
+            if kept != rows:
+                tmp = self.stats_path.with_name(f".{STATS_FILE}.tmp")
+                with open(tmp, "w", newline="") as f:
+                    csv.writer(f).writerows(kept)
+                os.replace(tmp, self.stats_path)
 
     def due(self, step: int) -> bool:
         return self.interval is not None and step % self.interval == 0
@@ -92,7 +118,7 @@ class AttentionMonitor:
                 for name, value in zip(STAT_NAMES, values):
                     scalars[f"attn/L{layer}.H{head}/{name}"] = value
         new_file = not self.stats_path.is_file()
-        with open(self.stats_path, "a", newline="") as f:
+        with could_not_write(self.stats_path, self.out_dir), open(self.stats_path, "a", newline="") as f:
             writer = csv.writer(f)
             if new_file:
                 writer.writerow(["step", "layer", "head", *STAT_NAMES])
@@ -100,8 +126,9 @@ class AttentionMonitor:
         images = {}
         for layer in self.layers_drawn:
             png = self.dir / f"layer_{layer}" / f"step_{step:06d}.png"
-            png.parent.mkdir(exist_ok=True)
-            draw_heatmap(maps[layer][0], self.tokens, title=f"layer {layer}, step {step}", path=png)
+            with could_not_write(png, self.out_dir):
+                png.parent.mkdir(exist_ok=True)
+                draw_heatmap(maps[layer][0], self.tokens, title=f"layer {layer}, step {step}", path=png)
             images[f"attn/layer_{layer}"] = png
         explorer = self.write_explorer(step, internals)
         if self.logger.wandb is not None:

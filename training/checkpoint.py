@@ -6,7 +6,7 @@
 A save writes a complete folder `.latest.tmp`, fsyncs it, then swaps it in with two renames
 (latest -> .latest.old, .latest.tmp -> latest). A crash at any moment leaves either the old or the new
 checkpoint complete on disk: `latest` itself, or `.latest.old` between the two renames, which
-`checkpoint_dir` recovers. `train_state.pt` holds only tensors, numbers, strings, lists and dicts, and
+`checkpoint_dir` recovers when the next run starts (the writer, under the run's lock: training/run_lock.py). `train_state.pt` holds only tensors, numbers, strings, lists and dicts, and
 is read with `torch.load(weights_only=True)`, which refuses anything else instead of executing it.
 
 Test hook: with `ATTNGPT_TEST_SAVE_DELAY=<seconds>` in the environment, a save sleeps that long once the
@@ -29,6 +29,7 @@ import torch
 from common.errors import UserError
 from model.checkpoint import BEST, LATEST, CheckpointError, fsync_file, save_model
 from model.gpt import GPT
+from training.run_lock import RunDirLock
 
 try:
     from safetensors import SafetensorError
@@ -73,7 +74,7 @@ def save_checkpoint(out_dir: str | Path, name: str, model: GPT, extra: dict[str,
             try:
                 os.replace(old, final)  # the second rename failed: put the previous checkpoint back
             except OSError:
-                pass  # checkpoint_dir() recovers it from .name.old
+                pass  # the next run's checkpoint_dir() recovers it from .name.old
         shutil.rmtree(tmp, ignore_errors=True)
         raise UserError(f"could not write checkpoint '{final}' ({_reason(e)}); the previous checkpoint "
                         f"is intact. Free disk space or fix permissions of '{out_dir}'") from None
@@ -96,16 +97,29 @@ def _test_pause() -> None:
         time.sleep(float(delay))
 
 
-def checkpoint_dir(out_dir: str | Path, name: str) -> Path | None:
-    """The complete checkpoint `out_dir/name`, recovering one caught between the two renames of a save."""
-    out_dir = Path(out_dir)
-    final, old = out_dir / name, out_dir / f".{name}.old"
-    if final.is_dir():
-        return final
-    if old.is_dir():
-        os.replace(old, final)  # a save died after moving the old one aside: it is still the newest complete one
-        return final
-    return None
+def checkpoint_dir(lock: RunDirLock, name: str) -> Path | None:
+    """The complete checkpoint `name` of the locked run directory, finishing a save that a crash interrupted.
+
+    Only the writer calls this, holding the run's lock (readers use model.checkpoint.find_checkpoint, which
+    reads a half-swapped checkpoint where it lies). A save died:
+      - between its two renames (`name` missing, `.name.old` complete): `.name.old` is renamed back;
+      - after both renames (`name` and `.name.old`): the new `name` is complete, `.name.old` is removed;
+      - before the renames: `.name.tmp` is removed (the previous `name` was never touched).
+    A regular file where the folder belongs is refused now, not at the second save."""
+    if not lock.held:
+        raise RuntimeError("checkpoint_dir needs the run directory's lock: only the writer may recover a save")
+    out_dir = lock.out_dir
+    final, old, tmp = out_dir / name, out_dir / f".{name}.old", out_dir / f".{name}.tmp"
+    for path in (final, old, tmp):
+        if path.exists() and not path.is_dir():
+            raise UserError(f"'{path}' is a file, where the run keeps its {name} checkpoint folder: move or "
+                            f"delete it, or choose another out_dir")
+    shutil.rmtree(tmp, ignore_errors=True)
+    if not final.is_dir() and old.is_dir():
+        os.replace(old, final)  # the newest complete checkpoint: the save died after moving it aside
+        fsync_dir(out_dir)
+    shutil.rmtree(old, ignore_errors=True)
+    return final if final.is_dir() else None
 
 
 def load_train_state(directory: Path) -> dict[str, Any]:

@@ -97,10 +97,13 @@ class WandbConfig:
     entity: str | None = None
     run_name: str | None = None  # None -> the out_dir's name
     attn_interval: int | None = None  # steps between attention snapshots; None -> every eval
+    init_timeout: float = 90.0  # seconds wandb.init may wait for the server (online mode) before the run goes on without it
 
     def __post_init__(self) -> None:
         if self.attn_interval is not None and self.attn_interval < 1:
             raise ValueError(f"attn_interval={self.attn_interval}: must be >= 1 (or null: at every eval)")
+        if not 0 < self.init_timeout <= 3600:
+            raise ValueError(f"init_timeout={self.init_timeout}: must be in (0, 3600] seconds")
 
 
 @dataclass
@@ -114,10 +117,13 @@ class AttnConfig:
             raise ValueError(f"layers={self.layers}: layer indices must be >= 0")
 
 
+MAX_SEED = 2**63 - 1
+
+
 @dataclass
 class RunConfig:
     out_dir: str = "runs/default"  # checkpoints, the resolved config, attention snapshots, W&B files
-    seed: int = 1337
+    seed: int = 1337  # model init, batch order, dropout: one seed fixes the whole run (0 .. 2**63-1)
     device: str = "auto"  # auto (cuda > mps > cpu), cpu, cuda, cuda:N, mps
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bfloat16 on a GPU that has it, else float32
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -134,6 +140,8 @@ class RunConfig:
     data_tokenizer_set: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if not 0 <= self.seed <= MAX_SEED:  # torch, numpy and the loader's SeedSequence all take this range
+            raise ValueError(f"seed={self.seed}: must be an integer from 0 to 2**63-1")
         if self.attn.layers is not None and self.train.init_from == "scratch":  # else the source's n_layer counts
             too_deep = [layer for layer in self.attn.layers if layer >= self.model.n_layer]
             if too_deep:

@@ -33,9 +33,10 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from common.errors import UserError
-from model.checkpoint import CONFIG_FILE, WEIGHTS_FILE, fsync_file
+from model.checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, fsync_file
 from training.checkpoint import WRITE_ERRORS, _reason, _test_pause, fsync_dir
 from training.runtime import Runtime, rng_state, set_rng_state
+from training.state_check import check_counters
 
 STATE_FILE = "fsdp_state.pt"
 DCP_DIR = "dcp"
@@ -136,9 +137,10 @@ def save_sharded(out_dir: Path, name: str, model: nn.Module, optimizers: Any, ex
 
 
 def load_sharded(latest: Path, out_dir: Path, model: nn.Module, optimizers: Any, loader: Any,
-                 rt: Runtime) -> dict[str, Any]:
+                 rt: Runtime, max_iters: int) -> dict[str, Any]:
     """Restore a sharded latest/ into this run's model, optimizer, loader and RNG; returns the saved
-    state (step, best_val, skipped_steps). A checkpoint that does not fit is a UserError."""
+    state (step, best_val, skipped_steps). A checkpoint that does not fit (counters out of range for
+    train.max_iters included) is a UserError, raised before anything is loaded."""
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     import torch.distributed.checkpoint as dcp
 
@@ -159,6 +161,10 @@ def load_sharded(latest: Path, out_dir: Path, model: nn.Module, optimizers: Any,
         saved = state.get("world_size") if isinstance(state, dict) else None
         raise UserError(f"'{path}' was saved by {saved} processes and this run has {world}: resume with the same "
                         f"number of processes (each one's data position is its own), or {redo}")
+    try:
+        check_counters(state, path, max_iters)
+    except CheckpointError as e:
+        raise UserError(f"cannot resume from '{latest}': {e}; {redo}") from None
     try:
         model_state, optim_state = get_state_dict(model, optimizers.optimizers)
         dcp.load({"model": model_state, "optim": optim_state}, checkpoint_id=str(latest / DCP_DIR))

@@ -2,7 +2,10 @@
 
 W&B is optional at run time: `wandb.mode` online | offline | disabled, or auto (online when credentials
 exist, else offline with a line on how to `wandb sync`). Never an interactive prompt. When the wandb
-package is missing (some GPU images lack it) the run goes on with a warning.
+package is missing (some GPU images lack it), or online mode cannot reach the server within
+`wandb.init_timeout` seconds (the run says it is waiting), the run goes on with a warning. Ctrl-C or SIGTERM
+while it waits stop the run at once (exit 130 / 143): only wandb's own errors are caught, never those.
+A write to metrics.jsonl that fails (a full disk) stops the run with one line (training/writes.py).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from training.config import RunConfig, config_as_dict
+from training.writes import could_not_write, write_error
 
 
 def wandb_credentials_present() -> bool:
@@ -49,7 +53,9 @@ class RunLogger:
         self.bar = None
         if not is_main:
             return
-        self.metrics_file = open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8")
+        self.metrics_path = self.out_dir / "metrics.jsonl"
+        with could_not_write(self.metrics_path, self.out_dir):
+            self.metrics_file = open(self.metrics_path, "a", encoding="utf-8")
         mode = resolve_wandb_mode(cfg.wandb.mode)
         if mode != "disabled":
             self.wandb = self._start_wandb(cfg, mode, resumed)
@@ -64,15 +70,20 @@ class RunLogger:
             return None
         run_id_file = self.out_dir / "wandb_run_id.txt"
         run_id = run_id_file.read_text().strip() if run_id_file.is_file() else None
-        if run_id is None:
+        if not run_id:
             run_id = secrets.token_hex(4)  # one W&B run per out_dir, resumed with it
-            run_id_file.write_text(run_id)
+            with could_not_write(run_id_file, self.out_dir):
+                run_id_file.write_text(run_id)
+        timeout = cfg.wandb.init_timeout
+        if mode == "online":
+            self.write(f"wandb: connecting to {os.environ.get('WANDB_BASE_URL', 'https://api.wandb.ai')} (waiting up "
+                       f"to {timeout:g} s: wandb.init_timeout; wandb.mode=offline runs without the server)")
         try:
             run = wandb.init(project=cfg.wandb.project, entity=cfg.wandb.entity,
                              name=cfg.wandb.run_name or self.out_dir.name, config=config_as_dict(cfg),
                              dir=str(self.out_dir), mode=mode, id=run_id, resume="allow",
-                             settings=wandb.Settings(silent=True, console="off"))
-        except Exception as e:  # wandb's own errors (auth, network) must not kill the run
+                             settings=wandb.Settings(silent=True, console="off", init_timeout=timeout))
+        except Exception as e:  # wandb's own errors (auth, network, its timeout) must not kill the run
             self.write(f"warning: wandb could not start ({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
                        f"logging to metrics.jsonl only")
             return None
@@ -96,8 +107,15 @@ class RunLogger:
         if not self.enabled:
             return
         row = {"step": step, "time_s": round(time.perf_counter() - self.t0, 3), **values}
-        self.metrics_file.write(json.dumps(row) + "\n")
-        self.metrics_file.flush()
+        try:
+            self.metrics_file.write(json.dumps(row) + "\n")
+            self.metrics_file.flush()
+        except OSError as e:
+            try:  # drop what is buffered: a later flush at exit would fail again, noisily
+                self.metrics_file.close()
+            except OSError:
+                pass
+            raise write_error(self.metrics_path, self.out_dir, e) from None
         if self.wandb is not None:
             self.wandb.log(values, step=step)
 

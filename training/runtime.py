@@ -6,6 +6,7 @@ import os
 import random
 import time
 from dataclasses import dataclass
+from typing import Mapping
 
 import numpy as np
 import torch
@@ -55,11 +56,60 @@ def resolve_autocast(dtype: str, device: torch.device) -> torch.dtype | None:
     return DTYPES[dtype]
 
 
+@dataclass(frozen=True)
+class DistributedEnv:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+
+LAUNCH_HINT = ("torchrun sets them all (torchrun --nproc_per_node=N train.py CONFIG); for one process, unset "
+               "WORLD_SIZE, RANK and LOCAL_RANK")
+
+
+def distributed_env(environ: Mapping[str, str] | None = None) -> DistributedEnv:
+    """This process's place in a torchrun group, from WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR and MASTER_PORT,
+    checked before torch.distributed reads them: a missing or malformed variable is a UserError naming it
+    (one process when WORLD_SIZE is unset or 1)."""
+    env = os.environ if environ is None else environ
+
+    def integer(name: str) -> int | None:
+        text = env.get(name)
+        if text is None:
+            return None
+        try:
+            return int(text.strip())
+        except ValueError:
+            raise UserError(f"environment variable {name}={text!r} is not an integer: {LAUNCH_HINT}") from None
+
+    world_size, rank, local_rank = integer("WORLD_SIZE"), integer("RANK"), integer("LOCAL_RANK")
+    if world_size is None or world_size == 1:
+        for name, value in (("RANK", rank), ("LOCAL_RANK", local_rank)):
+            if value not in (None, 0):
+                raise UserError(f"{name}={value} is set but WORLD_SIZE is {'not' if world_size is None else '1'}: "
+                                f"{LAUNCH_HINT}")
+        return DistributedEnv()
+    if world_size < 1:
+        raise UserError(f"WORLD_SIZE={world_size}: must be at least 1; {LAUNCH_HINT}")
+    for name, value in (("RANK", rank), ("LOCAL_RANK", local_rank)):
+        if value is None:
+            raise UserError(f"WORLD_SIZE={world_size} is set but {name} is not: {LAUNCH_HINT}")
+        if not 0 <= value < world_size:
+            raise UserError(f"{name}={value} is outside 0..{world_size - 1} (WORLD_SIZE={world_size}): {LAUNCH_HINT}")
+    if not env.get("MASTER_ADDR", "").strip():
+        raise UserError(f"WORLD_SIZE={world_size} is set but MASTER_ADDR is not (the address of rank 0): "
+                        f"{LAUNCH_HINT}")
+    port = integer("MASTER_PORT")
+    if port is None or not 1 <= port <= 65535:
+        raise UserError(f"MASTER_PORT={env.get('MASTER_PORT')!r} is not a port number (1..65535): {LAUNCH_HINT}")
+    return DistributedEnv(rank, local_rank, world_size)
+
+
 def setup_runtime(device_name: str, dtype: str) -> Runtime:
     """Single process, or one process of a `torchrun` group (RANK/WORLD_SIZE set): NCCL on CUDA, gloo on CPU."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size > 1:
-        rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    dist_env = distributed_env()
+    if dist_env.world_size > 1:
+        rank, local_rank, world_size = dist_env.rank, dist_env.local_rank, dist_env.world_size
         device = resolve_device(device_name)
         if device.type == "cuda":
             device = torch.device("cuda", local_rank)

@@ -19,10 +19,11 @@ from common.errors import UserError
 from data.loader import BatchLoader
 from data.prepare import PreparedData, prepare_data
 from data.tokenizer import stored_tokenizer
-from model.checkpoint import CheckpointError, load_weights, read_config
+from model.checkpoint import CheckpointError, read_config
 from model.config import ModelConfig
 from model.gpt import GPT
-from training.checkpoint import BEST, LATEST, STATE_FILE, checkpoint_dir, load_train_state, save_checkpoint
+from model.memory import BYTES_FP32, TRAINING_BYTES_PER_PARAM, check_fits_in_memory
+from training.checkpoint import BEST, LATEST, checkpoint_dir, save_checkpoint
 from training.config import RunConfig, config_to_yaml
 from training.dist_checkpoint import STATE_FILE as FSDP_STATE_FILE, load_sharded, save_sharded
 from training.evaluate import evaluate
@@ -30,10 +31,13 @@ from training.init_from import init_model_config, init_source
 from training.logger import RunLogger
 from training.optim import Optimizers, build_optimizers, lr_factor
 from training.parallel import MonitorFollower, agreed_stop, is_sharded, shard_model
+from training.resume import check_same_data, check_same_model, data_fingerprint, resume
+from training.run_lock import RunDirLock, lock_run_dir
 from training.step import accumulate_gradients, apply_gradients
 from training.stop import StopRequested
-from training.runtime import (Runtime, measure_peak_flops, rng_state, seed_everything, set_rng_state,
-                              setup_runtime, synchronize, teardown_runtime)
+from training.runtime import (Runtime, measure_peak_flops, rng_state, seed_everything, setup_runtime, synchronize,
+                              teardown_runtime)
+from training.writes import could_not_write
 
 
 @dataclass
@@ -63,33 +67,25 @@ def model_config_for(cfg: RunConfig, prepared: PreparedData) -> ModelConfig:
     return cfg.model
 
 
-def check_same_model(saved_dir: Path, model_cfg: ModelConfig, out_dir: Path) -> None:
-    try:
-        saved = read_config(saved_dir)["model"]
-    except CheckpointError as e:
-        raise UserError(f"cannot resume from '{saved_dir}': {e}; use another out_dir, or delete '{out_dir}' to "
-                        f"start over") from None
-    ours = model_cfg.to_dict()
-    shape_keys = [k for k in ours if k not in ("dropout", "attn_impl")]  # these may change across a resume
-    diffs = [f"{k} {saved.get(k)!r} vs {ours[k]!r}" for k in shape_keys if saved.get(k) != ours[k]]
-    if diffs:
-        raise UserError(f"out_dir '{out_dir}' holds a checkpoint of a different model ({'; '.join(diffs[:3])}): "
-                        f"use another out_dir, or delete '{out_dir}' to start over")
-
-
 def train(cfg: RunConfig, should_stop: Callable[[int], bool] | None = None) -> TrainResult:
     """Run (or resume) the training described by cfg. should_stop(steps_done) -> True stops after that
     step exactly as Ctrl-C does: checkpoint saved, result.interrupted set ("requested")."""
     rt = setup_runtime(cfg.device, cfg.dtype)
     run: Run | None = None
+    lock: RunDirLock | None = None
     try:
-        run = setup(cfg, rt)
+        if rt.is_main:  # the one writer of out_dir (training/run_lock.py); the other ranks only read
+            _make_out_dir(Path(cfg.out_dir))
+            lock = lock_run_dir(cfg.out_dir)
+        run = setup(cfg, rt, lock)
         return train_loop(run, should_stop)
     except BaseException:
         if run is not None and run.logger.bar is not None:
             run.logger.bar.close()  # end the progress bar's line first: the error printed next gets a line of its own
         raise
     finally:
+        if lock is not None:
+            lock.release()
         teardown_runtime(rt)
 
 
@@ -105,7 +101,7 @@ class Run:
     raw_model: GPT  # the plain module: its weights are saved, evaluated and probed
     optimizers: Optimizers
     loader: BatchLoader
-    extra: dict[str, Any]  # saved beside the weights in config.json (the tokenizer)
+    extra: dict[str, Any]  # saved beside the weights in config.json (the tokenizer, the data's fingerprint)
     files: dict[str, bytes]  # saved beside config.json (a tokenizer.json the tokenizer description names)
     logger: RunLogger
     monitor: Any  # training.attn_monitor.AttentionMonitor, or None
@@ -142,21 +138,26 @@ class Run:
             save_checkpoint(self.out_dir, BEST, self.raw_model, extra, files=self.files)
 
 
-def setup(cfg: RunConfig, rt: Runtime) -> Run:
+def setup(cfg: RunConfig, rt: Runtime, lock: RunDirLock | None = None) -> Run:
     """Data, model, optimizer and loader; then the resume from out_dir/latest if there is one; then the
-    logger, compile/DDP wrapping and the attention monitor."""
+    logger, compile/DDP wrapping and the attention monitor. `lock`: the run directory's lock, held by the
+    main process (None on the other ranks)."""
     out_dir = Path(cfg.out_dir)
     tc = cfg.train
     seed_everything(cfg.seed)
-    _make_out_dir(out_dir, rt)
-    source = init_source(cfg, checkpoint_dir(out_dir, LATEST))  # train.init_from: None for scratch
+    if lock is not None:  # finish a save that a crash interrupted, before any process looks
+        checkpoint_dir(lock, BEST)
+        checkpoint_dir(lock, LATEST)
+    if rt.ddp:
+        dist.barrier()
+    latest = out_dir / LATEST if (out_dir / LATEST).is_dir() else None
+    source = init_source(cfg, latest)  # train.init_from: None for scratch
     prepared = _prepare(cfg, rt, source)
     model_cfg = model_config_for(cfg, prepared) if source is None else init_model_config(cfg, source)
-
-    latest = checkpoint_dir(out_dir, LATEST)
     if latest is not None and tc.resume == "never":
         raise UserError(f"out_dir '{out_dir}' already holds a checkpoint and train.resume=never: set "
                         f"train.resume=auto to continue it, or choose another out_dir")
+    _check_memory(model_cfg, rt, tc.parallel == "fsdp")
     model = GPT(model_cfg)  # FSDP: built whole on the CPU, then each process keeps its shard on the device
     if source is not None and latest is None:
         source.load_into(model)  # the pretrained weights; optimizer and schedule start fresh
@@ -166,22 +167,28 @@ def setup(cfg: RunConfig, rt: Runtime) -> Run:
                          seed=cfg.seed, rank=rt.rank, world_size=rt.world_size, device=rt.device, split="train",
                          vocab_size=prepared.tokenizer.vocab_size)
     result = TrainResult(out_dir=out_dir, step=0, model=model)
+    tokenizer_spec, files = stored_tokenizer(prepared.tokenizer)
+    extra = {"tokenizer": tokenizer_spec, "data": data_fingerprint(prepared)}
     if latest is not None and tc.parallel == "fsdp":
-        resume_sharded(latest, out_dir, model, optimizers, loader, result, rt)
+        state = resume_sharded(latest, out_dir, model, optimizers, loader, extra, rt, tc.max_iters)
     elif latest is not None:
         if (latest / FSDP_STATE_FILE).is_file():
             raise UserError(f"'{latest}' was saved by train.parallel=fsdp: resume it with train.parallel=fsdp, or "
                             f"use another out_dir")
-        resume(latest, out_dir, model, optimizers, loader, result)
+        state = resume(latest, out_dir, model, optimizers, loader, extra, tc.max_iters)
+    if latest is not None:
+        result.step, result.best_val = state["step"], state["best_val"]
+        result.skipped_steps = state.get("skipped_steps", 0)
     if rt.is_main:
-        (out_dir / "config.yaml").write_text(config_to_yaml(cfg))
+        with could_not_write(out_dir / "config.yaml", out_dir):
+            (out_dir / "config.yaml").write_text(config_to_yaml(cfg))
 
     logger = RunLogger(cfg, rt.is_main, result.step, resumed=latest is not None)
     if source is not None and latest is None:
         logger.write(f"starting from the weights of {tc.init_from} ({source.kind} checkpoint), with a fresh "
                      f"optimizer and schedule; tokenizer {source.tokenizer!r}")
     try:
-        return _finish_setup(cfg, rt, prepared, model, optimizers, loader, result, logger, latest)
+        return _finish_setup(cfg, rt, prepared, model, optimizers, loader, result, logger, latest, extra, files)
     except BaseException:
         if logger.bar is not None:
             logger.bar.close()  # end the progress bar's line first: the error printed next gets a line of its own
@@ -189,7 +196,8 @@ def setup(cfg: RunConfig, rt: Runtime) -> Run:
 
 
 def _finish_setup(cfg: RunConfig, rt: Runtime, prepared: PreparedData, model: GPT, optimizers: Optimizers,
-                  loader: BatchLoader, result: TrainResult, logger: RunLogger, latest: Path | None) -> Run:
+                  loader: BatchLoader, result: TrainResult, logger: RunLogger, latest: Path | None,
+                  extra: dict[str, Any], files: dict[str, bytes]) -> Run:
     tc, model_cfg = cfg.train, model.config
     logger.write(f"model: {model.num_params() / 1e6:.2f}M parameters, {model_cfg.n_layer} layers, "
                  f"{model_cfg.n_head} heads ({model_cfg.n_kv_head} kv), d_model {model_cfg.d_model}, "
@@ -201,10 +209,9 @@ def _finish_setup(cfg: RunConfig, rt: Runtime, prepared: PreparedData, model: GP
     if latest is not None:
         logger.write(f"resuming from '{latest}' at step {result.step} (best val {result.best_val:.4f})")
 
-    tokenizer_spec, tokenizer_files = stored_tokenizer(prepared.tokenizer)
     run = Run(cfg=cfg, rt=rt, out_dir=Path(cfg.out_dir), prepared=prepared, model=_wrap(model, tc.compile, rt),
-              raw_model=model, optimizers=optimizers, loader=loader, extra={"tokenizer": tokenizer_spec},
-              files=tokenizer_files, logger=logger, monitor=None, result=result)
+              raw_model=model, optimizers=optimizers, loader=loader, extra=extra, files=files, logger=logger,
+              monitor=None, result=result)
     run.scaler = torch.amp.GradScaler("cuda") if rt.autocast_dtype == torch.float16 else None
     run.tokens_per_step = tc.batch_size * tc.grad_accum * rt.world_size * model_cfg.block_size
     run.flops_per_step = model.flops_per_token(model_cfg.block_size) * run.tokens_per_step
@@ -227,38 +234,29 @@ def _prepare(cfg: RunConfig, rt: Runtime, source: Any = None) -> PreparedData:
     return prepared
 
 
-def resume(latest: Path, out_dir: Path, model: GPT, optimizers: Optimizers, loader: BatchLoader,
-           result: TrainResult) -> None:
-    """Load weights, optimizer, loader position and RNG states from `latest` into the fresh run; set the
-    result's step, best val loss and skipped count. A checkpoint that does not fit is a UserError."""
-    check_same_model(latest, model.config, out_dir)
-    try:  # read everything first: a bad checkpoint fails before any state is changed
-        load_weights(model, latest / "model.safetensors")
-        state = load_train_state(latest)
-    except CheckpointError as e:
-        raise UserError(f"cannot resume from '{latest}': {e}; use another out_dir, or delete '{out_dir}' to "
-                        f"start over") from None
-    try:
-        optimizers.load_state_dict(state["optimizer"])
-        loaders = state.get("loaders")  # every process's loader position (one process: loaders[0] is "loader")
-        loader.load_state_dict(loaders[loader.rank] if isinstance(loaders, list) and len(loaders) == loader.world_size
-                               else state["loader"])
-        set_rng_state(state["rng"])
-    except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:  # e.g. train.optimizer changed
-        raise UserError(f"cannot resume from '{latest}': its {STATE_FILE} does not fit this run "
-                        f"({type(e).__name__}: {' '.join(str(e).split())[:160]}); resume with the settings it "
-                        f"was saved with (e.g. the same train.optimizer), or use another out_dir") from None
-    result.step, result.best_val = state["step"], state["best_val"]
-    result.skipped_steps = state.get("skipped_steps", 0)
+def _check_memory(model_cfg: ModelConfig, rt: Runtime, sharded: bool) -> None:
+    """Refuse, before allocating, a model whose training state cannot fit: under FSDP the whole model is built
+    on the CPU first, then each process keeps 1/world_size of the weights, gradients and AdamW moments."""
+    if sharded:
+        check_fits_in_memory(model_cfg, "cpu", BYTES_FP32, source="this run's config",
+                             what="its weights, built whole before sharding")
+    per_param = max(1, TRAINING_BYTES_PER_PARAM // rt.world_size) if sharded else TRAINING_BYTES_PER_PARAM
+    check_fits_in_memory(model_cfg, rt.device, per_param, source="this run's config",
+                         what="its weights, gradients and AdamW moments")
 
 
 def resume_sharded(latest: Path, out_dir: Path, model: nn.Module, optimizers: Optimizers, loader: BatchLoader,
-                   result: TrainResult, rt: Runtime) -> None:
-    """`resume` for an FSDP run: the sharded weights and optimizer state through DCP."""
-    check_same_model(latest, model.config, out_dir)
-    state = load_sharded(latest, out_dir, model, optimizers, loader, rt)
-    result.step, result.best_val = state["step"], state["best_val"]
-    result.skipped_steps = state.get("skipped_steps", 0)
+                   extra: dict[str, Any], rt: Runtime, max_iters: int) -> dict[str, Any]:
+    """`resume` for an FSDP run: the same checks of model and data, then the sharded weights and optimizer
+    state through DCP. Returns the training state (step, best_val, skipped_steps)."""
+    try:
+        saved = read_config(latest)
+    except CheckpointError as e:
+        raise UserError(f"cannot resume from '{latest}': {e}; use another out_dir, or delete '{out_dir}' to "
+                        f"start over") from None
+    check_same_data(saved, extra, out_dir)
+    check_same_model(saved, model.config, out_dir)
+    return load_sharded(latest, out_dir, model, optimizers, loader, rt, max_iters)
 
 
 def _wrap(model: GPT, compile_model: bool, rt: Runtime) -> nn.Module:
@@ -368,9 +366,7 @@ def evaluate_and_save(run: Run, step: int) -> None:
     run.save(step)
 
 
-def _make_out_dir(out_dir: Path, rt: Runtime) -> None:
-    if not rt.is_main:
-        return
+def _make_out_dir(out_dir: Path) -> None:
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         probe = out_dir / ".write_test"

@@ -1,0 +1,86 @@
+"""How much memory a model needs, computed from its config before anything is allocated.
+
+A config is only numbers: `vocab_size: 10**12` in a checkpoint's config.json, or an override with one digit
+too many, would make `GPT(config)` try to allocate terabytes, and die in an allocator (or thrash the machine)
+instead of saying what is wrong. Every loader calls `check_fits_in_memory` first: sample.py, a training run
+(for its weights, gradients and optimizer state), a resume, and the converters.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from common.errors import UserError
+from model.config import ModelConfig
+
+BYTES_FP32 = 4
+# a training run keeps, per parameter, the float32 weight, its gradient and AdamW's two moments
+TRAINING_BYTES_PER_PARAM = 4 * BYTES_FP32
+
+
+def param_count(config: ModelConfig) -> int:
+    """The model's distinct parameters (a tied LM head counts once), from the config alone: equal to
+    GPT(config).num_params(), which tests/test_memory.py checks over many configs."""
+    d, hd, bias = config.d_model, config.head_dim, int(config.bias)
+    norm = d if config.norm == "rmsnorm" else d + bias * d  # RMSNorm never has a bias
+    qkv_out = (config.n_head + 2 * config.n_kv_head) * hd
+    attention = d * qkv_out + bias * qkv_out + config.n_head * hd * d + bias * d
+    in_width = 2 * config.hidden_dim if config.mlp == "swiglu" else config.hidden_dim  # SwiGLU: gate and up
+    mlp = d * in_width + bias * in_width + config.hidden_dim * d + bias * d
+    blocks = config.n_layer * (2 * norm + attention + mlp)
+    embeddings = config.vocab_size * d + (config.block_size * d if config.pos == "learned" else 0)
+    head = 0 if config.tie_embeddings else config.vocab_size * d
+    return embeddings + blocks + norm + head
+
+
+def buffer_bytes(config: ModelConfig) -> int:
+    """Derived tensors the model builds beside its parameters: the RoPE table, complex64 (block_size, head_dim/2)."""
+    return config.block_size * (config.head_dim // 2) * 8 if config.pos == "rope" else 0
+
+
+def kv_cache_bytes(config: ModelConfig, batch_size: int, dtype_bytes: int = BYTES_FP32) -> int:
+    """What generating with a KV cache allocates: keys and values of every layer, (batch_size, n_kv_head,
+    block_size, head_dim) each, and the bool causal table (block_size, block_size)."""
+    kv = 2 * config.n_layer * batch_size * config.n_kv_head * config.block_size * config.head_dim * dtype_bytes
+    return kv + config.block_size ** 2
+
+
+def device_memory(device: torch.device | str) -> int:
+    """Bytes the device has in all (not what is free now: the check refuses the impossible, not the tight)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    if device.type == "mps":
+        return int(torch.mps.recommended_max_memory())
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not POSIX: no bound we can state
+        return 2**62
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB", "PB", "EB"):
+        if n < 1000 or unit == "EB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+def check_fits_in_memory(config: ModelConfig, device: torch.device | str = "cpu",
+                         bytes_per_param: int = BYTES_FP32, extra_bytes: int = 0,
+                         what: str = "its weights", source: str = "the config") -> int:
+    """Raise UserError, before anything is allocated, when `config`'s model cannot fit in `device`'s memory:
+    parameters x bytes_per_param (4: float32 weights; TRAINING_BYTES_PER_PARAM for a training run) + its
+    buffers + extra_bytes (e.g. a KV cache). Returns the bytes needed. `what` and `source` word the message:
+    what the bytes hold, and where the config came from (e.g. "config.json in 'runs/x/best'")."""
+    n_params = param_count(config)
+    needed = n_params * bytes_per_param + buffer_bytes(config) + extra_bytes
+    available = device_memory(device)
+    if needed > available:
+        shape = (f"vocab_size={config.vocab_size}, block_size={config.block_size}, n_layer={config.n_layer}, "
+                 f"d_model={config.d_model}")
+        raise UserError(f"the model in {source} has {n_params:,} parameters ({shape}): {what} would need "
+                        f"{human_bytes(needed)}, but {device} has {human_bytes(available)} in all. "
+                        f"Is the config damaged? Otherwise make the model smaller")
+    return needed

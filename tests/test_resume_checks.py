@@ -1,0 +1,190 @@
+"""A resume checks what it resumes: train_state.pt against the model and the run's settings, the data and
+the tokenizer against the checkpoint's, before anything is used. The command-line cases are in the
+bad-input matrix (tests/bad_input_trust.py); here each check is tried on its own, in process."""
+from __future__ import annotations
+
+import copy
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from model import GPT
+from model.checkpoint import CheckpointError
+from tests.helpers import prepared_shakespeare_dir, tiny_config
+from training.checkpoint import LATEST, load_train_state
+from training.optim import build_optimizers
+from training.resume import data_fingerprint
+from training.state_check import check_train_state
+from training.trainer import train
+
+QUIET = ["attn.enabled=false", "wandb.mode=disabled"]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    return prepared_shakespeare_dir(tmp_path_factory.mktemp("data"))
+
+
+pytestmark = pytest.mark.usefixtures("data_env")  # conftest.py: ATTNGPT_DATA_DIR -> data_dir, W&B off
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory, data_dir):
+    """States saved by a 2-step AdamW run and a 2-step Muon run, with a fresh model and optimizers to check
+    them against."""
+    out = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ATTNGPT_DATA_DIR", str(data_dir))
+        for name in ("adamw", "muon"):
+            run = tmp_path_factory.mktemp(name)
+            cfg = tiny_config(run, f"train.optimizer={name}", "train.max_iters=2", "eval.interval=2", *QUIET)
+            result = train(cfg)
+            model = GPT(result.model.config)
+            out[name] = (load_train_state(run / LATEST), model, build_optimizers(model, cfg.train))
+    return out
+
+
+def check(state, model, optimizers, max_iters: int = 10) -> None:
+    check_train_state(state, Path("latest/train_state.pt"), model, optimizers, max_iters)
+
+
+def test_intact_states_pass(saved):
+    for state, model, optimizers in saved.values():
+        check(state, model, optimizers)
+        check(state, model, optimizers, max_iters=2)  # a finished run: step == max_iters
+
+
+def damaged(state: dict, edit) -> dict:
+    state = copy.deepcopy(state)
+    edit(state)
+    return state
+
+
+ADAMW_DAMAGE = [
+    ("step -1", lambda s: s.__setitem__("step", -1), "step -1 is not a step count"),
+    ("step 11", lambda s: s.__setitem__("step", 11), "at step 11, beyond train.max_iters=10"),
+    ("step True", lambda s: s.__setitem__("step", True), "step True is not a step count"),
+    ("best_val nan", lambda s: s.__setitem__("best_val", float("nan")), "best_val nan is not a loss"),
+    ("best_val -inf", lambda s: s.__setitem__("best_val", float("-inf")), "best_val -inf is not a loss"),
+    ("skipped > step", lambda s: s.__setitem__("skipped_steps", 3), "skipped_steps 3 is not a count in [0, step=2]"),
+    ("two optimizers", lambda s: s["optimizer"].append(s["optimizer"][0]), "holds the state of 2 optimizer(s)"),
+    ("moment shape", lambda s: s["optimizer"][0]["state"][0].__setitem__("exp_avg", torch.zeros(3)),
+     "tok_emb.weight: exp_avg has shape (3,) float32, the parameter (65, 32) float32"),
+    ("moment dtype", lambda s: s["optimizer"][0]["state"][1].__setitem__(
+        "exp_avg_sq", s["optimizer"][0]["state"][1]["exp_avg_sq"].double()), "exp_avg_sq has shape"),
+    ("moment nan", lambda s: s["optimizer"][0]["state"][2]["exp_avg"].view(-1).__setitem__(0, float("nan")),
+     "exp_avg holds NaN or inf values"),
+    ("negative second moment", lambda s: s["optimizer"][0]["state"][2]["exp_avg_sq"].view(-1).__setitem__(0, -1.0),
+     "exp_avg_sq holds negative values"),
+    ("missing moment", lambda s: s["optimizer"][0]["state"][0].pop("exp_avg"),
+     "its state holds ['exp_avg_sq', 'step'], expected ['exp_avg', 'exp_avg_sq', 'step']"),
+    ("adam step negative", lambda s: s["optimizer"][0]["state"][0].__setitem__("step", torch.tensor(-2.0)),
+     "step -2.0 is not a step count"),
+    ("unknown parameter", lambda s: s["optimizer"][0]["state"].__setitem__(999, {}),
+     "keeps state for parameter 999, which this model lacks"),
+    ("other groups", lambda s: s["optimizer"][0]["param_groups"][0]["params"].pop(),
+     "its parameter groups do not match this model's"),
+    ("python rng", lambda s: s["rng"]["python"][1].pop(), "its RNG states are damaged"),
+    ("numpy rng", lambda s: s["rng"]["numpy"].__setitem__(1, torch.zeros(5, dtype=torch.int64)),
+     "its RNG states are damaged (ValueError: the numpy key is not 624 32-bit integers)"),
+    ("numpy position", lambda s: s["rng"]["numpy"].__setitem__(2, 10**6), "the numpy position 1000000"),
+    ("torch rng", lambda s: s["rng"].__setitem__("torch", torch.zeros(7, dtype=torch.uint8)),
+     "its RNG states are damaged"),
+    ("cuda rng", lambda s: s["rng"].__setitem__("cuda", [torch.zeros(3)]), "a CUDA state is not a byte tensor"),
+    ("loader", lambda s: s["loader"].__setitem__("batches_drawn", -4), "the loader's batches_drawn -4"),
+]
+
+
+@pytest.mark.parametrize("what, edit, fragment", ADAMW_DAMAGE, ids=[d[0] for d in ADAMW_DAMAGE])
+def test_each_damaged_part_is_refused_naming_it(saved, what, edit, fragment):
+    state, model, optimizers = saved["adamw"]
+    with pytest.raises(CheckpointError) as e:
+        check(damaged(state, edit), model, optimizers)
+    assert str(e.value).startswith("'latest/train_state.pt' does not fit this run: ") and fragment in str(e.value)
+
+
+def test_muon_momentum_of_another_shape_is_refused(saved):
+    state, model, optimizers = saved["muon"]
+    edit = lambda s: s["optimizer"][0]["state"][0].__setitem__("momentum_buffer", torch.zeros(2, 2))  # noqa: E731
+    with pytest.raises(CheckpointError, match=r"optimizer 0 \(Muon\), blocks\.0\.attn\.qkv_proj\.weight: "
+                                              r"momentum_buffer has shape \(2, 2\)"):
+        check(damaged(state, edit), model, optimizers)
+
+
+def test_a_rejected_state_leaves_the_checkpoint_untouched(tmp_path, trained):
+    from common.errors import UserError
+    from tests.helpers import fresh_copy
+    out, _ = fresh_copy(trained, tmp_path)
+    state = load_train_state(out / LATEST)
+    torch.save({**state, "step": -5}, out / LATEST / "train_state.pt")
+    before = {p.name: p.read_bytes() for p in (out / LATEST).iterdir()}
+    with pytest.raises(UserError, match="cannot resume from .* step -5 is not a step count"):
+        train(tiny_config(out, "train.max_iters=4", *QUIET))
+    assert {p.name: p.read_bytes() for p in (out / LATEST).iterdir()} == before
+
+
+def test_the_data_fingerprint_follows_the_tokens_not_the_folder(tmp_path):
+    from data.prepare import load_prepared, prepare_data
+    prepared = prepare_data(tiny_config(tmp_path).data)
+    moved = tmp_path / "moved"
+    shutil.copytree(prepared.dir, moved)
+    assert data_fingerprint(load_prepared(moved)) == data_fingerprint(prepared)  # same tokens elsewhere
+    val_shard = moved / prepared.split_paths("val")[0].name
+    tokens = bytearray(val_shard.read_bytes())
+    tokens[10] = (tokens[10] + 1) % 65  # one token of the val split differs
+    val_shard.write_bytes(bytes(tokens))
+    assert data_fingerprint(load_prepared(moved))["fingerprint"] != data_fingerprint(prepared)["fingerprint"]
+    assert data_fingerprint(prepared)["train_tokens"] == prepared.train_tokens
+
+
+def test_a_checkpoint_of_another_model_or_other_data_is_refused_in_one_line(tmp_path, trained):
+    from common.errors import UserError
+    from tests.helpers import fresh_copy
+    out, _ = fresh_copy(trained, tmp_path)
+    cases = [(["model.n_layer=3", "model.d_model=48"], ["a different model (n_layer 2 vs 3; d_model 32 vs 48)",
+                                                       f"use another out_dir, or delete '{out}' to start over"]),
+             (["data.val_fraction=0.2"], ["trained on other data (tinyshakespeare", "1003854 train / 111540 val tokens",
+                                         "than this run's (tinyshakespeare", "train.init_from=" + str(out)])]
+    (tmp_path / "other.txt").write_text("abc de\n" * 300)
+    cases.append((["data.source=text", f"data.path={tmp_path / 'other.txt'}"],
+                  ["trained with another tokenizer (char, 65 characters) than this run's data has (char, 7 characters)",
+                   "resume with the data it was trained on, or start a new run from these weights"]))
+    before = {p.name: p.read_bytes() for p in (out / LATEST).iterdir()}
+    for overrides, fragments in cases:
+        with pytest.raises(UserError) as e:
+            train(tiny_config(out, "train.max_iters=4", *overrides, *QUIET))
+        for fragment in fragments:
+            assert fragment in str(e.value), (fragment, str(e.value))
+    assert {p.name: p.read_bytes() for p in (out / LATEST).iterdir()} == before
+
+
+def test_a_resume_continues_the_count_of_skipped_steps(tmp_path, monkeypatch):
+    """train.nonfinite=skip: the steps skipped before a checkpoint still count after the resume."""
+    from model.gpt import GPT as Model
+    real_forward = Model.forward
+    calls = {"n": 0}
+
+    def nan_at_step_1(self, idx, targets=None, input_pos=None, last_only=False):
+        logits, loss = real_forward(self, idx, targets, input_pos, last_only)
+        if self.training and loss is not None:
+            calls["n"] += 1
+            if calls["n"] == 2:  # step 1 (0-based)
+                loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(Model, "forward", nan_at_step_1)
+    overrides = ["train.max_iters=4", "train.nonfinite=skip", "eval.interval=100", *QUIET]
+    first = train(tiny_config(tmp_path, *overrides), should_stop=lambda steps: steps == 3)
+    assert first.skipped_steps == 1 and load_train_state(tmp_path / LATEST)["skipped_steps"] == 1
+    second = train(tiny_config(tmp_path, *overrides))
+    assert second.skipped_steps == 1 and load_train_state(tmp_path / LATEST)["skipped_steps"] == 1
+
+
+def test_tokenizers_are_described_by_kind_and_size():
+    from training.resume import _describe_tokenizer
+    assert _describe_tokenizer({"kind": "char", "chars": "abc"}) == "char, 3 characters"
+    assert _describe_tokenizer({"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 50257}) == \
+        "tiktoken gpt2, 50257 tokens"
+    assert _describe_tokenizer(None) == "none recorded"

@@ -1,0 +1,136 @@
+"""Starting W&B: every wandb.* setting reaches wandb.init, online mode says it is waiting and waits at most
+wandb.init_timeout, and Ctrl-C / SIGTERM while it waits end the run at once (130 / 143), without a traceback.
+
+The server that never answers is a local socket that accepts connections and says nothing."""
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, prepared_shakespeare_dir, tiny_config
+from training.logger import RunLogger
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    return prepared_shakespeare_dir(tmp_path_factory.mktemp("data"))
+
+
+class FakeWandb(types.ModuleType):
+    """Records what wandb.init receives."""
+
+    def __init__(self):
+        super().__init__("wandb")
+        self.calls: list[dict] = []
+
+    def Settings(self, **kwargs):  # noqa: N802 - wandb's name
+        return dict(kwargs)
+
+    def init(self, **kwargs):
+        self.calls.append(kwargs)
+        return types.SimpleNamespace(dir=str(Path(kwargs["dir"]) / "wandb" / "offline-run-x" / "files"),
+                                     log=lambda *a, **k: None, finish=lambda: None)
+
+
+def test_wandb_settings_reach_wandb_init(tmp_path, monkeypatch, capsys):
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    cfg = tiny_config(tmp_path, "wandb.mode=online", "wandb.project=proj", "wandb.entity=team",
+                      "wandb.run_name=first", "wandb.init_timeout=7.5")
+    RunLogger(cfg, is_main=True, start_step=0, resumed=False).close()
+    (call,) = fake.calls
+    run_id = (tmp_path / "wandb_run_id.txt").read_text()
+    assert {k: call[k] for k in ("project", "entity", "name", "dir", "mode", "id", "resume")} == {
+        "project": "proj", "entity": "team", "name": "first", "dir": str(tmp_path), "mode": "online", "id": run_id,
+        "resume": "allow"}
+    assert call["settings"]["init_timeout"] == 7.5
+    assert call["config"]["train"]["max_iters"] == cfg.train.max_iters
+    assert "wandb: connecting to" in capsys.readouterr().err
+    # the same out_dir continues the same W&B run; without run_name, the run is named after the out_dir
+    cfg = tiny_config(tmp_path, "wandb.mode=offline")
+    RunLogger(cfg, is_main=True, start_step=3, resumed=True).close()
+    assert fake.calls[1]["id"] == run_id and fake.calls[1]["name"] == tmp_path.name
+    assert fake.calls[1]["mode"] == "offline" and fake.calls[1]["entity"] is None
+
+
+def test_disabled_and_non_main_loggers_never_start_wandb(tmp_path, monkeypatch):
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    (tmp_path / "a").mkdir()
+    RunLogger(tiny_config(tmp_path / "a", "wandb.mode=disabled"), True, 0, False).close()
+    RunLogger(tiny_config(tmp_path / "b", "wandb.mode=online"), False, 0, False).close()
+    assert fake.calls == []
+    assert not (tmp_path / "b" / "metrics.jsonl").exists()  # other ranks write nothing
+
+
+def silent_server() -> tuple[socket.socket, int]:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)  # the kernel completes connections into the backlog; nobody ever answers
+    return server, server.getsockname()[1]
+
+
+def online_train(out: Path, data_dir: Path, port: int, log: Path, timeout: float) -> subprocess.Popen:
+    import os
+    env = {**os.environ, "WANDB_BASE_URL": f"http://127.0.0.1:{port}", "WANDB_API_KEY": "k" * 40,
+           "ATTNGPT_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"}
+    env.pop("WANDB_MODE", None)
+    with open(log, "w") as err:
+        return subprocess.Popen([sys.executable, "train.py", "configs/tiny.yaml", f"out_dir={out}", "wandb.mode=online",
+                                 f"wandb.init_timeout={timeout}", "train.max_iters=2", "eval.interval=2",
+                                 "attn.enabled=false", "train.peak_flops=1e12"],
+                                cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_an_interrupt_while_wandb_waits_for_its_server_ends_the_run_at_once(tmp_path, data_dir, sig, status):
+    server, port = silent_server()
+    log = tmp_path / "stderr.txt"
+    proc = online_train(tmp_path / "run", data_dir, port, log, timeout=120)
+    try:
+        deadline = time.monotonic() + 120
+        while "wandb: connecting to" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.05)
+        time.sleep(1.0)  # well inside wandb.init's wait
+        sent = time.monotonic()
+        proc.send_signal(sig)
+        rc = proc.wait(timeout=60)
+        waited = time.monotonic() - sent
+    finally:
+        proc.kill()
+        proc.wait()
+        server.close()
+    stderr = log.read_text()
+    assert rc == status, (rc, stderr[-2000:])
+    assert waited < 10, f"exited {waited:.1f} s after {sig.name}"  # wandb would wait out its 120 s
+    assert "Traceback" not in stderr and "waiting up to 120 s: wandb.init_timeout" in stderr, stderr[-2000:]
+    assert stderr.strip().splitlines()[-1] in ("train.py: interrupted",
+                                               "train.py: terminated (SIGTERM) outside the training loop; "
+                                               "checkpoints on disk are intact")
+
+
+@pytest.mark.slow
+def test_online_without_a_server_gives_up_after_init_timeout_and_trains(tmp_path, data_dir):
+    server, port = silent_server()
+    log = tmp_path / "stderr.txt"
+    proc = online_train(tmp_path / "run", data_dir, port, log, timeout=2)
+    try:
+        rc = proc.wait(timeout=85)  # ignoring wandb.init_timeout=2 would wait out wandb's default 90 s
+    finally:
+        proc.kill()
+        proc.wait()
+        server.close()
+    stderr = log.read_text()
+    assert rc == 0, stderr[-2000:]
+    assert "waiting up to 2 s: wandb.init_timeout" in stderr
+    assert "warning: wandb could not start" in stderr and "logging to metrics.jsonl only" in stderr
+    assert (tmp_path / "run" / "latest").is_dir()

@@ -1,0 +1,120 @@
+"""Resuming a run from out_dir/latest, after checking that the checkpoint belongs to this run.
+
+A resume continues the saved run exactly, so everything it loads must fit: the model's shape (config.json),
+the data it was trained on (the tokenizer and a content fingerprint of the token bins, both in config.json),
+and the training state (training/state_check.py). Anything else is refused with one line that says what
+differs, before any of it is used; nothing in latest/ changes. Training other data from these weights is a
+new run: `out_dir=NEW train.init_from=OLD_OUT_DIR` (fresh optimizer and schedule, the weights kept).
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from common.errors import UserError
+from data.prepare import PreparedData
+from model.checkpoint import WEIGHTS_FILE, CheckpointError, load_weights, read_config
+from model.config import ModelConfig
+from model.gpt import GPT
+from training.checkpoint import STATE_FILE, load_train_state
+from training.optim import Optimizers
+from training.runtime import set_rng_state
+from training.state_check import check_train_state
+
+FINGERPRINT_BYTES = 1 << 20  # of each token bin: its first and last MiB, and its length
+
+
+def data_fingerprint(prepared: PreparedData) -> dict[str, Any]:
+    """What a checkpoint records about its data (config.json's "data"): the source in words, and a content
+    fingerprint: token counts and a sha256 over the shard sizes and the first and last MiB of each split's
+    token stream. Cheap on any corpus size, independent of where the data folder lies or of file times, and
+    different for another corpus even when its vocabulary has the same size."""
+    digest = hashlib.sha256()
+    for split in ("train", "val"):
+        stream, total = prepared.stream(split), prepared.split_tokens(split)
+        n = min(total, FINGERPRINT_BYTES // prepared.dtype.itemsize)
+        sizes = ",".join(str(shard.tokens) for shard in prepared.split_shards(split))
+        digest.update(f"{split}:{total}:{sizes}:{prepared.dtype.name}:".encode())
+        digest.update(np.ascontiguousarray(stream.read(0, n)).tobytes())
+        digest.update(np.ascontiguousarray(stream.read(total - n, total)).tobytes())
+    return {"source": prepared.meta.get("source"), "train_tokens": prepared.train_tokens,
+            "val_tokens": prepared.val_tokens, "fingerprint": digest.hexdigest()[:16]}
+
+
+def _start_new_run(out_dir: Path) -> str:
+    return f"start a new run from these weights: out_dir=NEW_DIR train.init_from={out_dir}"
+
+
+def check_same_model(saved: dict[str, Any], model_cfg: ModelConfig, out_dir: Path) -> None:
+    ours = model_cfg.to_dict()
+    shape_keys = [k for k in ours if k not in ("dropout", "attn_impl")]  # these may change across a resume
+    diffs = [f"{k} {saved['model'].get(k)!r} vs {ours[k]!r}" for k in shape_keys if saved["model"].get(k) != ours[k]]
+    if diffs:
+        raise UserError(f"out_dir '{out_dir}' holds a checkpoint of a different model ({'; '.join(diffs[:3])}): "
+                        f"use another out_dir, or delete '{out_dir}' to start over")
+
+
+def check_same_data(saved: dict[str, Any], extra: dict[str, Any], out_dir: Path) -> None:
+    """The tokenizer and the data of the checkpoint must be this run's (checkpoints from before the data was
+    recorded are compared on the tokenizer alone)."""
+    saved_tok, our_tok = saved.get("tokenizer"), extra["tokenizer"]
+    if saved_tok != our_tok:
+        theirs, ours = _describe_tokenizer(saved_tok), _describe_tokenizer(our_tok)
+        same_size = " (the same size, other tokens)" if theirs == ours else ""
+        raise UserError(f"out_dir '{out_dir}' holds a checkpoint trained with another tokenizer ({theirs}) than "
+                        f"this run's data has ({ours}){same_size}: resume with the data it was trained on, or "
+                        f"{_start_new_run(out_dir)}")
+    saved_data, our_data = saved.get("data"), extra["data"]
+    if isinstance(saved_data, dict) and any(saved_data.get(k) != our_data[k]
+                                            for k in ("train_tokens", "val_tokens", "fingerprint")):
+        raise UserError(f"out_dir '{out_dir}' holds a checkpoint trained on other data ({_describe_data(saved_data)}) "
+                        f"than this run's ({_describe_data(our_data)}): resume with the data it was trained on, "
+                        f"or {_start_new_run(out_dir)}")
+
+
+def _describe_tokenizer(spec: Any) -> str:
+    if not isinstance(spec, dict):
+        return "none recorded"
+    kind = spec.get("kind", "?")
+    if kind == "char":
+        chars = spec.get("chars", "")
+        return f"char, {len(chars)} characters" if isinstance(chars, str) else "char"
+    return f"{kind} {spec.get('encoding', '')}, {spec.get('vocab_size', '?')} tokens"
+
+
+def _describe_data(data: dict[str, Any]) -> str:
+    return (f"{data.get('source')}: {data.get('train_tokens')} train / {data.get('val_tokens')} val tokens, "
+            f"fingerprint {data.get('fingerprint')}")
+
+
+def resume(latest: Path, out_dir: Path, model: GPT, optimizers: Optimizers, loader: Any, extra: dict[str, Any],
+           max_iters: int) -> dict[str, Any]:
+    """Load weights, optimizer, loader position and RNG states from `latest` into the fresh run, after every
+    check above. Returns the training state (step, best_val, skipped_steps). A checkpoint that does not fit
+    is a UserError, raised before any global state (RNGs) changes."""
+    def refuse(reason: str) -> UserError:
+        return UserError(f"cannot resume from '{latest}': {reason}; use another out_dir, or delete '{out_dir}' "
+                         f"to start over")
+
+    try:  # read and check everything first: a bad checkpoint fails before any state is changed
+        saved = read_config(latest)
+        check_same_data(saved, extra, out_dir)  # first: other data (a tokenizer of another size) explains a
+        check_same_model(saved, model.config, out_dir)  # vocab_size that differs better than the shape does
+        load_weights(model, latest / WEIGHTS_FILE)
+        state = load_train_state(latest)
+        check_train_state(state, latest / STATE_FILE, model, optimizers, max_iters)
+    except CheckpointError as e:
+        raise refuse(str(e)) from None
+    try:
+        optimizers.load_state_dict(state["optimizer"])
+        loaders = state.get("loaders")  # every process's loader position (one process: loaders[0] is "loader")
+        loader.load_state_dict(loaders[loader.rank] if isinstance(loaders, list) and len(loaders) == loader.world_size
+                               else state["loader"])
+        set_rng_state(state["rng"])
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:  # what the checks cannot foresee
+        raise refuse(f"its {STATE_FILE} does not fit this run ({type(e).__name__}: "
+                     f"{' '.join(str(e).split())[:160]})") from None
+    return state
