@@ -50,7 +50,7 @@ class GPT(nn.Module):
             # one matrix maps tokens to vectors and vectors back to token scores (Press & Wolf 2017)
             self.lm_head.weight = self.tok_emb.weight
         if config.pos == "rope":
-            # complex (block_size, head_dim/2); derived, so not saved in checkpoints
+            # (cos, sin) per position and channel pair, float32 (block_size, head_dim/2, 2); derived, so not saved
             self.register_buffer("rope_freqs", rope_frequencies(config.head_dim, config.block_size,
                                                                 config.rope_theta), persistent=False)
         self.causal_table = None  # bool (max_len, max_len), set with the KV cache
@@ -80,8 +80,9 @@ class GPT(nn.Module):
                 nn.init.ones_(param) if name.endswith("weight") else nn.init.zeros_(param)
 
     def _apply(self, fn, *args, **kwargs):
-        """`model.to(torch.bfloat16)` would cast the complex RoPE table to a real dtype (dropping its
-        imaginary part): rebuild it, complex64, on the new device after any such conversion."""
+        """`model.to(torch.bfloat16)` would cast the RoPE table too, losing the precision long contexts need
+        (and the float32 layout eager RoPE reads as complex numbers): rebuild it, float32, on the new device
+        after any such conversion."""
         had_rope = self._buffers.pop("rope_freqs", None) is not None
         module = super()._apply(fn, *args, **kwargs)
         if had_rope:
