@@ -28,7 +28,8 @@ from training.logger import RunLogger
 from training.optim import Optimizers, build_optimizers, lr_factor
 from training.step import accumulate_gradients, apply_gradients
 from training.stop import StopRequested
-from training.runtime import (Runtime, measure_peak_flops, rng_state, seed_everything, set_rng_state,
+from training.autotune import Choice, choose, needs_measurement, save_choice, saved_choice
+from training.runtime import (DTYPES, Runtime, measure_peak_flops, rng_state, seed_everything, set_rng_state,
                               setup_runtime, synchronize, teardown_runtime)
 
 
@@ -164,7 +165,12 @@ def _finish_setup(cfg: RunConfig, rt: Runtime, prepared: PreparedData, model: GP
     if latest is not None:
         logger.write(f"resuming from '{latest}' at step {result.step} (best val {result.best_val:.4f})")
 
-    run = Run(cfg=cfg, rt=rt, out_dir=Path(cfg.out_dir), prepared=prepared, model=_wrap(model, tc.compile, rt),
+    compiled, rt.compile = None, tc.compile is True
+    if needs_measurement(cfg.dtype, tc.compile):
+        choice, compiled = decide_precision(cfg, rt, model, optimizers, loader, result, latest is not None)
+        logger.write(choice.summary())
+    run = Run(cfg=cfg, rt=rt, out_dir=Path(cfg.out_dir), prepared=prepared,
+              model=_wrap(model, rt.compile, rt, compiled),
               raw_model=model, optimizers=optimizers, loader=loader,
               extra={"tokenizer": prepared.tokenizer.to_json()}, logger=logger, monitor=None, result=result)
     run.scaler = torch.amp.GradScaler("cuda") if rt.autocast_dtype == torch.float16 else None
@@ -209,9 +215,36 @@ def resume(latest: Path, out_dir: Path, model: GPT, optimizers: Optimizers, load
     result.skipped_steps = state.get("skipped_steps", 0)
 
 
-def _wrap(model: GPT, compile_model: bool, rt: Runtime) -> nn.Module:
-    """What runs forward: the model, compiled if asked, inside DDP under torchrun."""
-    wrapped: nn.Module = torch.compile(model) if compile_model else model
+def decide_precision(cfg: RunConfig, rt: Runtime, model: GPT, optimizers: Optimizers, loader: BatchLoader,
+                     result: TrainResult, resumed: bool) -> tuple[Choice, nn.Module | None]:
+    """`dtype: auto` / `train.compile: auto` (training/autotune.py): reuse the choice saved in out_dir on a
+    resume, else time the candidates on the main process (on one batch of the run's own data, restoring every
+    state after) and share the choice with the other processes. Sets rt.autocast_dtype and rt.compile."""
+    out_dir, compiled = Path(cfg.out_dir), None
+    choice = saved_choice(out_dir) if resumed else None
+    if choice is None:
+        if rt.is_main:
+            position = loader.state_dict()
+            batch = loader.next_batch()
+            loader.load_state_dict(position)  # the measurement does not move the run's data stream
+            choice, compiled = choose(model, optimizers, batch, rt, cfg.train.grad_accum, cfg.train.grad_clip,
+                                      cfg.train.max_iters - result.step, cfg.dtype, cfg.train.compile)
+            save_choice(out_dir, choice)
+        if rt.ddp:
+            shared = [choice.to_json() if choice is not None else None]
+            dist.broadcast_object_list(shared, src=0)
+            choice = Choice.from_json(shared[0])
+    if cfg.dtype == "auto":
+        rt.autocast_dtype = None if choice.dtype == "float32" else DTYPES[choice.dtype]
+    if cfg.train.compile == "auto":
+        rt.compile = choice.compile
+    return choice, compiled
+
+
+def _wrap(model: GPT, compile_model: bool, rt: Runtime, compiled: nn.Module | None = None) -> nn.Module:
+    """What runs forward: the model, compiled if asked (reusing `compiled` when the measurement made one),
+    inside DDP under torchrun."""
+    wrapped: nn.Module = (compiled if compiled is not None else torch.compile(model)) if compile_model else model
     if rt.ddp:
         from torch.nn.parallel import DistributedDataParallel as DDP
         wrapped = DDP(wrapped, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
