@@ -56,11 +56,14 @@ def generate(
     use_kv_cache: bool = True,
     stop_token: int | None = None,
     on_token: Callable[[torch.Tensor], None] | None = None,
+    compile: bool = False,
 ) -> torch.Tensor:
     """Continue prompt (B, T0) by up to max_new_tokens tokens; returns (B, T0' + n) where T0' <= block_size
     (a longer prompt keeps its last block_size tokens). Stops early once every row has produced
     stop_token (rows that stopped earlier keep producing tokens the caller should cut at stop_token).
-    on_token receives each new column (B,) as soon as it is drawn (for streaming)."""
+    on_token receives each new column (B,) as soon as it is drawn (for streaming).
+    compile: run the one-token decode steps through `compiled_decode_step` (KV cache only; the prefills stay
+    eager). Its first call compiles (seconds to a minute); worth it for long generations or repeated calls."""
     block_size = model.config.block_size
     keep = max(1, block_size // 2)
     prompt = prompt[:, -block_size:]
@@ -71,6 +74,7 @@ def generate(
     out = [prompt]
     window = prompt  # (B, n): the tokens the model currently sees
     finished = torch.zeros(B, dtype=torch.bool, device=device)
+    decode = compiled_decode_step(model) if (compile and use_kv_cache) else None
     try:
         if use_kv_cache:
             model.setup_kv_cache(B, block_size, dtype=model.tok_emb.weight.dtype, device=device)
@@ -93,6 +97,8 @@ def generate(
                 positions = torch.arange(keep, device=device)
                 logits, _ = (model(window, input_pos=positions, last_only=True) if use_kv_cache
                              else model(window, last_only=True))
+            elif decode is not None:
+                logits = decode(token[:, None], torch.tensor([n], device=device))
             elif use_kv_cache:
                 logits, _ = model(token[:, None], input_pos=torch.tensor([n], device=device))
             else:
@@ -102,3 +108,24 @@ def generate(
             model.clear_kv_cache()
         model.train(was_training)
     return torch.cat(out, dim=1)
+
+
+
+def compiled_decode_step(model: GPT) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """A compiled `(token (B, 1), input_pos (1,)) -> logits (B, 1, vocab)` step through the model's KV cache.
+
+    Compiled code sees static shapes: every step attends over the whole preallocated cache buffer with the
+    causal table's row masking the unwritten slots (eager code slices the written prefix instead), so one
+    graph serves every position. On CUDA it is captured as a CUDA graph (mode "reduce-overhead"): a decode
+    step of a small model is a few hundred tiny kernels, and launching them costs more than running them.
+    Built once per model and kept on it (`GPT.setup_kv_cache` reuses the same cache buffers for the same
+    batch size, so later generate() calls reuse the compiled graph too)."""
+    step = model.__dict__.get("_compiled_decode")
+    if step is None:
+        mode = "reduce-overhead" if model.tok_emb.weight.device.type == "cuda" else None
+
+        def decode(token: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+            logits, _ = model(token, input_pos=input_pos)
+            return logits
+        step = model.__dict__["_compiled_decode"] = torch.compile(decode, mode=mode, dynamic=False)
+    return step

@@ -82,7 +82,10 @@ class GPT(nn.Module):
     def _apply(self, fn, *args, **kwargs):
         """`model.to(torch.bfloat16)` would cast the RoPE table too, losing the precision long contexts need
         (and the float32 layout eager RoPE reads as complex numbers): rebuild it, float32, on the new device
-        after any such conversion."""
+        after any such conversion. Pooled KV caches and a compiled decode step belong to the old device and
+        dtype: dropped."""
+        self.__dict__.pop("_kv_pool", None)
+        self.__dict__.pop("_compiled_decode", None)
         had_rope = self._buffers.pop("rope_freqs", None) is not None
         module = super()._apply(fn, *args, **kwargs)
         if had_rope:
@@ -166,20 +169,33 @@ class GPT(nn.Module):
     # ----------------------------------------------------------------------------------------------
     def setup_kv_cache(self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None,
                        device: torch.device | str | None = None) -> int:
-        """Give every layer a preallocated KV cache; returns its total size in bytes."""
+        """Give every layer a preallocated KV cache; returns its total size in bytes.
+
+        Caches of the same shape, dtype and device as the last ones are reused (zeroed), not reallocated:
+        compiled decode steps (model/generate.py) guard on the cache buffers they were traced with."""
         max_len = self.config.block_size if max_len is None else max_len
         if not 1 <= max_len <= self.config.block_size:
             raise ValueError(f"max_len={max_len}: must be in 1..block_size={self.config.block_size}")
         param = self.tok_emb.weight
         dtype = dtype or param.dtype
-        device = device or param.device
-        for block in self.blocks:
-            block.attn.kv_cache = KVCache(batch_size, self.config.n_kv_head, max_len, self.config.head_dim,
-                                          dtype=dtype, device=device)
-        self.causal_table = torch.ones(max_len, max_len, dtype=torch.bool, device=device).tril()
-        return sum(block.attn.kv_cache.nbytes() for block in self.blocks)
+        device = torch.device(device or param.device)
+        key = (batch_size, max_len, dtype, device)
+        pool = self.__dict__.get("_kv_pool")  # (key, caches, causal table) of the last setup
+        if pool is not None and pool[0] == key:
+            caches, self.causal_table = pool[1], pool[2]
+            for cache in caches:
+                cache.reset()
+        else:
+            caches = [KVCache(batch_size, self.config.n_kv_head, max_len, self.config.head_dim, dtype=dtype,
+                              device=device) for _ in self.blocks]
+            self.causal_table = torch.ones(max_len, max_len, dtype=torch.bool, device=device).tril()
+            self.__dict__["_kv_pool"] = (key, caches, self.causal_table)
+        for block, cache in zip(self.blocks, caches):
+            block.attn.kv_cache = cache
+        return sum(cache.nbytes() for cache in caches)
 
     def clear_kv_cache(self) -> None:
+        """Back to plain forward passes (the buffers stay pooled for the next setup_kv_cache)."""
         for block in self.blocks:
             block.attn.kv_cache = None
         self.causal_table = None
