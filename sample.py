@@ -113,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
     positive_or_none(args.num_samples, "--num-samples", 1)
     if args.num_samples > 2**31 - 1:
         raise UserError(f"--num-samples must be at most 2**31-1 (and fit in memory), got {args.num_samples}")
+    if args.compile and args.no_kv_cache:
+        raise UserError("--compile compiles the KV-cache decode step: drop --no-kv-cache, or --compile")
     if not -2**63 <= args.seed < 2**64:  # what torch.Generator.manual_seed takes
         raise UserError(f"--seed must be an integer from -2**63 to 2**64-1, got {args.seed}")
 
@@ -185,7 +187,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"--- sample {i + 1}\n{tokenizer.decode(ids + generated)}")
     print(f"[{new_tokens} tokens x {args.num_samples} in {elapsed:.2f}s: "
           f"{new_tokens * args.num_samples / max(elapsed, 1e-9):.1f} tokens/s, "
-          f"{'no KV cache' if args.no_kv_cache else 'KV cache'}, {ckpt}]", file=sys.stderr)
+          f"{'no KV cache' if args.no_kv_cache else 'KV cache'}{', compiled decode' if args.compile else ''}, "
+          f"{ckpt}]", file=sys.stderr)
     return 0
 
 
