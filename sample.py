@@ -2,7 +2,10 @@
 
     python sample.py --prompt "ROMEO:"                       # the checkpoint of configs/small.yaml
     python sample.py --ckpt runs/x --prompt-file p.txt --num-samples 3 --temperature 0.8 --top-p 0.9
-    python sample.py --prompt "To be, or not" --dump-attn all   # attn.npz + a heatmap per layer
+    python sample.py --prompt "To be, or not" --dump-attn all   # attn.npz, heatmaps, attention.html
+    python sample.py --ckpt gpt2 --prompt "The animal didn't cross the street because it was tired" --dump-attn all
+
+--ckpt also takes a Hugging Face model folder or hub id (GPT-2, Llama family): converted in memory.
 
 Loading reads only safetensors and JSON: nothing from the checkpoint is unpickled or executed.
 Decisions: an empty prompt starts from a newline (char) or <|endoftext|> (BPE); characters that a
@@ -44,8 +47,8 @@ def positive_or_none(value: float | None, name: str, low: float, high: float | N
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = ArgumentParser(prog="sample.py", description="Sample from a trained attngpt checkpoint.")
-    p.add_argument("--ckpt", type=Path, default=None, help="a run's out_dir or a checkpoint folder "
-                                                             "(default: configs/small.yaml's out_dir)")
+    p.add_argument("--ckpt", default=None, help="a run's out_dir, a checkpoint folder, a Hugging Face model folder "
+                                                "or hub id, e.g. gpt2 (default: configs/small.yaml's out_dir)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default="", help="text to continue (default: empty, see module doc)")
     src.add_argument("--prompt-file", type=Path, help="read the prompt from this UTF-8 file")
@@ -61,7 +64,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true", help="compile the decode step (torch.compile; CUDA graphs on a "
                                                           "GPU): faster per token after a one-time compile")
     p.add_argument("--dump-attn", metavar="SPEC", help="attention maps over the prompt: all | 0,2 | 1:3,0:1")
-    p.add_argument("--dump-dir", type=Path, help="where --dump-attn writes (default: <ckpt>/attn/)")
+    p.add_argument("--dump-dir", type=Path, help="where --dump-attn writes (default: <ckpt>/attn/; for a Hugging "
+                                                 "Face model ./attn/<name>/)")
     argv = sys.argv[1:] if argv is None else list(argv)
     return p.parse_args(attach_dash_prompt(argv, p))
 
@@ -99,11 +103,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     import torch
-    from data.tokenizer import tokenizer_from_json
     from common.device import resolve_device
-    from insight.dump import dump_attention, parse_layer_heads
-    from model.checkpoint import find_checkpoint, load_model
+    from insight.dump import dump_internals, parse_layer_heads
     from model.generate import generate
+    from pretrained.load import open_pretrained
 
     positive_or_none(args.temperature, "--temperature", 0.0)
     positive_or_none(args.top_k, "--top-k", 1)
@@ -118,18 +121,14 @@ def run(args: argparse.Namespace) -> int:
     if not -2**63 <= args.seed < 2**64:  # what torch.Generator.manual_seed takes
         raise UserError(f"--seed must be an integer from -2**63 to 2**64-1, got {args.seed}")
 
-    ckpt = find_checkpoint(args.ckpt or default_checkpoint())
+    # an attngpt checkpoint or run, a Hugging Face folder or a hub id (converted in memory)
+    source = open_pretrained(args.ckpt or str(default_checkpoint()), hub=args.ckpt is not None)
     device = resolve_device(args.device, setting="--device ")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
     if dtype == torch.float16 and device.type == "cpu":
         raise UserError("--dtype float16 is slow or unsupported on CPU: use bfloat16 or float32")
-    try:
-        model, payload = load_model(ckpt, device=device)
-    except CheckpointError as e:
-        raise UserError(f"{e}; pass --ckpt an intact checkpoint (a run's out_dir, or its best/ or latest/)") from None
-    model = model.to(dtype)
-    tokenizer = tokenizer_from_json(payload.get("tokenizer"), remedy=f"the tokenizer in {ckpt / 'config.json'} "
-                                    f"is damaged: pass --ckpt an intact checkpoint")
+    model = source.build(device=device, dtype=dtype)
+    tokenizer = source.tokenizer
     cfg = model.config
 
     if args.prompt_file is not None:
@@ -151,11 +150,11 @@ def run(args: argparse.Namespace) -> int:
             heads = parse_layer_heads(args.dump_attn, cfg.n_layer, cfg.n_head)
         except ValueError as e:
             raise UserError(f"--dump-attn: {e}") from None
-        maps = model.attention_maps(idx, layers=sorted(heads))
-        out_dir = args.dump_dir or (ckpt / "attn")
+        internals = model.attention_internals(idx, layers=sorted(heads))  # weights, q, k, v, W_O
+        out_dir = args.dump_dir or source.default_dump_dir()
         try:
-            written = dump_attention({layer: w[0] for layer, w in maps.items()}, heads,
-                                     tokenizer.token_strings(ids), out_dir, token_ids=ids)
+            written = dump_internals(internals, heads, tokenizer.token_strings(ids), out_dir, token_ids=ids,
+                                     title=f"attention of {source.label}", n_layer=cfg.n_layer)
         except OSError as e:  # a --dump-dir that is a file, or not writable
             raise UserError(f"cannot write attention maps into '{out_dir}': {e.strerror or e}; "
                             f"pass a writable folder with --dump-dir") from None
@@ -188,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"[{new_tokens} tokens x {args.num_samples} in {elapsed:.2f}s: "
           f"{new_tokens * args.num_samples / max(elapsed, 1e-9):.1f} tokens/s, "
           f"{'no KV cache' if args.no_kv_cache else 'KV cache'}{', compiled decode' if args.compile else ''}, "
-          f"{ckpt}]", file=sys.stderr)
+          f"{source.label}]", file=sys.stderr)
     return 0
 
 

@@ -29,9 +29,9 @@ from tqdm import tqdm
 from common.errors import UserError
 from data.sources import Corpus, read_errors
 from data.splitting import group_rows, split_piece, text_split_point, val_document_count, val_document_mask
-from data.tokenizer import CharTokenizer, TiktokenTokenizer, tokenizer_from_json
+from data.tokenizer import CharTokenizer, HFTokenizer, TiktokenTokenizer, tokenizer_from_json
 
-AnyTokenizer = CharTokenizer | TiktokenTokenizer
+AnyTokenizer = CharTokenizer | TiktokenTokenizer | HFTokenizer
 CHAR_DOC_SEPARATOR = "\n"
 DOC_BATCH = 1000  # documents per map batch
 TEXT_BATCH = 10_000  # rows (lines) per read during a scan
@@ -164,17 +164,25 @@ def datasets_progress(enabled: bool) -> Iterator[None]:
 
 
 def write_bins(corpus: Corpus, rows: Any, tokenizer_name: str, val_fraction: float, work_dir: Path,
-               num_proc: int = 1, quiet: bool = False) -> tuple[AnyTokenizer, BinCounts]:
-    """Encode `rows` (a Dataset or IterableDataset with a "text" column) into work_dir/{train,val}.bin."""
-    bpe = TiktokenTokenizer(tokenizer_name) if tokenizer_name != "char" else None
+               num_proc: int = 1, quiet: bool = False,
+               fixed: AnyTokenizer | None = None) -> tuple[AnyTokenizer, BinCounts]:
+    """Encode `rows` (a Dataset or IterableDataset with a "text" column) into work_dir/{train,val}.bin.
+    fixed: encode with this tokenizer (a pretrained model's) instead of the one tokenizer_name names; a fixed
+    char vocabulary is kept as it is (text outside it is refused), not rebuilt from the corpus."""
+    if fixed is not None:
+        bpe = None if isinstance(fixed, CharTokenizer) else fixed
+    else:
+        bpe = TiktokenTokenizer(tokenizer_name) if tokenizer_name != "char" else None
+    chars = fixed if isinstance(fixed, CharTokenizer) else None
     with read_errors(corpus):
         if corpus.kind == "text":
-            return _write_text(corpus, rows, bpe, val_fraction, work_dir, num_proc, quiet)
-        return _write_documents(corpus, rows, bpe, val_fraction, work_dir, num_proc, quiet)
+            return _write_text(corpus, rows, bpe, val_fraction, work_dir, num_proc, quiet, chars)
+        return _write_documents(corpus, rows, bpe, val_fraction, work_dir, num_proc, quiet, chars)
 
 
-def _write_text(corpus: Corpus, rows: Any, bpe: TiktokenTokenizer | None, val_fraction: float, work_dir: Path,
-                num_proc: int, quiet: bool) -> tuple[AnyTokenizer, BinCounts]:
+def _write_text(corpus: Corpus, rows: Any, bpe: TiktokenTokenizer | HFTokenizer | None, val_fraction: float,
+                work_dir: Path, num_proc: int, quiet: bool,
+                fixed_chars: CharTokenizer | None = None) -> tuple[AnyTokenizer, BinCounts]:
     streaming = _is_streaming(rows)
     # pass 1: length, character set and piece boundaries
     chars: set[str] = set()
@@ -196,7 +204,7 @@ def _write_text(corpus: Corpus, rows: Any, bpe: TiktokenTokenizer | None, val_fr
     if split_at == 0 or split_at == total:
         raise UserError(f"the corpus {corpus.description} has only {total} characters: too few for a train and a "
                         f"val split with val_fraction {val_fraction}; use more text")
-    tok: AnyTokenizer = bpe if bpe is not None else CharTokenizer("".join(chars))
+    tok: AnyTokenizer = bpe if bpe is not None else fixed_chars or CharTokenizer("".join(chars))
     writer = _open_writer(work_dir, tok)
     try:
         # pass 2: encode each piece (train part / val part) and append
@@ -222,17 +230,20 @@ def _write_text(corpus: Corpus, rows: Any, bpe: TiktokenTokenizer | None, val_fr
     return tok, writer.counts
 
 
-def _write_documents(corpus: Corpus, rows: Any, bpe: TiktokenTokenizer | None, val_fraction: float,
-                     work_dir: Path, num_proc: int, quiet: bool) -> tuple[AnyTokenizer, BinCounts]:
+def _write_documents(corpus: Corpus, rows: Any, bpe: TiktokenTokenizer | HFTokenizer | None, val_fraction: float,
+                     work_dir: Path, num_proc: int, quiet: bool,
+                     fixed_chars: CharTokenizer | None = None) -> tuple[AnyTokenizer, BinCounts]:
     streaming = _is_streaming(rows)
-    if bpe is None:  # pass 1 (char only): the character set
+    if fixed_chars is not None:
+        tok: AnyTokenizer = fixed_chars
+    elif bpe is None:  # pass 1 (char only): the character set
         chars = {CHAR_DOC_SEPARATOR}
         with tqdm(desc="scan documents", unit="doc", unit_scale=True, disable=quiet) as bar:
             for batch in iter_text_batches(rows, DOC_BATCH):
                 for text in batch:
                     chars.update(text)
                 bar.update(len(batch))
-        tok: AnyTokenizer = CharTokenizer("".join(chars))
+        tok = CharTokenizer("".join(chars))
     else:
         tok = bpe
     writer = _open_writer(work_dir, tok)

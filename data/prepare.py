@@ -35,7 +35,7 @@ from data.config import DataConfig
 from data.pipeline import bin_dtype, datasets_progress, write_bins
 from data.sources import DATA_DIR_ENV, Corpus, content_hash, slugify, data_dir, load_rows, resolve_corpus
 from data.splitting import text_split_point
-from data.tokenizer import TiktokenTokenizer, Tokenizer, tokenizer_from_json
+from data.tokenizer import CharTokenizer, TiktokenTokenizer, Tokenizer, stored_tokenizer, tokenizer_from_json
 
 PROG = "data.prepare"
 FORMAT_VERSION = 1
@@ -80,31 +80,43 @@ def prepared_root() -> Path:
     return data_dir() / "prepared"
 
 
-def fingerprint(cfg: DataConfig, corpus: Corpus) -> tuple[str, str]:
+def tokenizer_identity(tok: Tokenizer) -> str:
+    """What names a given (pretrained) tokenizer in the fingerprint: a tiktoken encoding by its name (so its
+    data is shared with `data.tokenizer: <name>`), a fixed char vocabulary or a tokenizer.json by content."""
+    if isinstance(tok, TiktokenTokenizer):
+        return tok.name
+    if isinstance(tok, CharTokenizer):
+        return "char-" + content_hash(tok.chars)[:16]
+    return "hf-" + tok.to_json()["sha256"][:16]
+
+
+def fingerprint(cfg: DataConfig, corpus: Corpus, tokenizer: Tokenizer | None = None) -> tuple[str, str]:
     """(folder name, fingerprint): the folder is fixed by the settings, the fingerprint adds file sizes/mtimes."""
-    settings = {"format_version": FORMAT_VERSION, "corpus": corpus.identity, "tokenizer": cfg.tokenizer,
+    name = tokenizer_identity(tokenizer) if tokenizer is not None else cfg.tokenizer
+    settings = {"format_version": FORMAT_VERSION, "corpus": corpus.identity, "tokenizer": name,
                 "val_fraction": cfg.val_fraction}
-    folder = f"{corpus.label}-{slugify(cfg.tokenizer)}-{content_hash(settings)[:10]}"
+    folder = f"{corpus.label}-{slugify(name)}-{content_hash(settings)[:10]}"
     return folder, content_hash({**settings, "files": corpus.file_stats})
 
 
 def prepare_data(cfg: DataConfig, *, block_size: int | None = None, quiet: bool = False,
-                 force: bool = False) -> PreparedData:
-    """Prepared bins for `cfg`: reused when complete and up to date, else (re)made. Bad input -> UserError."""
+                 force: bool = False, tokenizer: Tokenizer | None = None) -> PreparedData:
+    """Prepared bins for `cfg`: reused when complete and up to date, else (re)made. Bad input -> UserError.
+    tokenizer: encode with this one (a pretrained model's, train.init_from) instead of cfg.tokenizer's."""
     try:
         prepared_root().mkdir(parents=True, exist_ok=True)  # e.g. ATTNGPT_DATA_DIR below a regular file
     except OSError as e:
         raise UserError(f"cannot create the data folder '{prepared_root()}' ({e.strerror or e}): set "
                         f"{DATA_DIR_ENV} to a writable folder") from None
     corpus = resolve_corpus(cfg, quiet)
-    if cfg.tokenizer != "char":
+    if cfg.tokenizer != "char" and tokenizer is None:
         TiktokenTokenizer(cfg.tokenizer)  # fail before reading the corpus if the encoding cannot load
-    folder, fp = fingerprint(cfg, corpus)
+    folder, fp = fingerprint(cfg, corpus, tokenizer)
     out_dir = prepared_root() / folder
     with _exclusive(out_dir, quiet):
         prepared = None if force else _reusable(out_dir, fp)
         if prepared is None:
-            prepared = _prepare(cfg, corpus, fp, out_dir, quiet)
+            prepared = _prepare(cfg, corpus, fp, out_dir, quiet, tokenizer)
     if block_size is not None:
         prepared.check_block_size(block_size)
     return prepared
@@ -121,7 +133,8 @@ def _reusable(out_dir: Path, fp: str) -> PreparedData | None:
     return prepared
 
 
-def _prepare(cfg: DataConfig, corpus: Corpus, fp: str, out_dir: Path, quiet: bool) -> PreparedData:
+def _prepare(cfg: DataConfig, corpus: Corpus, fp: str, out_dir: Path, quiet: bool,
+             tokenizer: Tokenizer | None = None) -> PreparedData:
     # start from an empty folder: meta.json goes first, so nothing here is trusted until we finish
     if out_dir.exists():
         (out_dir / META_FILE).unlink(missing_ok=True)
@@ -132,17 +145,21 @@ def _prepare(cfg: DataConfig, corpus: Corpus, fp: str, out_dir: Path, quiet: boo
         cache_dir = data_dir() / "hf" if corpus.remote else work_dir / "hf"  # keep hub downloads only
         with datasets_progress(not quiet):
             rows = load_rows(corpus, cache_dir)
-            tok, counts = write_bins(corpus, rows, cfg.tokenizer, cfg.val_fraction, work_dir, cfg.num_proc, quiet)
+            tok, counts = write_bins(corpus, rows, cfg.tokenizer, cfg.val_fraction, work_dir, cfg.num_proc, quiet,
+                                     fixed=tokenizer)
             del rows
         for split in SPLITS:
             os.replace(work_dir / f"{split}.bin", out_dir / f"{split}.bin")
+        tokenizer_spec, tokenizer_files = stored_tokenizer(tok)  # a tokenizer.json sits beside meta.json
+        for name, content in tokenizer_files.items():
+            (out_dir / name).write_bytes(content)
         meta = {
             "format_version": FORMAT_VERSION,
             "fingerprint": fp,
             "source": corpus.description,
             "corpus": corpus.identity,
             "files": corpus.file_stats,
-            "tokenizer": tok.to_json(),
+            "tokenizer": tokenizer_spec,
             "vocab_size": tok.vocab_size,
             "dtype": bin_dtype(tok.vocab_size).name,
             "train_tokens": counts.tokens["train"],
@@ -225,7 +242,8 @@ def load_prepared(directory: str | Path) -> PreparedData:
         path, tokens = directory / f"{split}.bin", meta.get(f"{split}_tokens")
         if not isinstance(tokens, int) or not path.is_file() or path.stat().st_size != tokens * dtype.itemsize:
             raise UserError(f"'{path}' is missing or does not hold the {tokens} tokens meta.json records: {redo}")
-    return PreparedData(dir=directory, meta=meta, tokenizer=tokenizer_from_json(meta.get("tokenizer")), dtype=dtype,
+    tokenizer = tokenizer_from_json(meta.get("tokenizer"), base_dir=directory)
+    return PreparedData(dir=directory, meta=meta, tokenizer=tokenizer, dtype=dtype,
                         train_path=directory / "train.bin", val_path=directory / "val.bin",
                         train_tokens=meta["train_tokens"], val_tokens=meta["val_tokens"])
 

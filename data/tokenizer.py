@@ -11,6 +11,13 @@ serialise to a small JSON dict (`to_json`) and come back through `tokenizer_from
 - `TiktokenTokenizer`: any tiktoken encoding name (`tiktoken.list_encoding_names()`; default "gpt2").
   `encode` treats special-token text such as "<|endoftext|>" as ordinary text, so a corpus cannot inject
   separators; `eot` is the encoding's `<|endoftext|>` id, which prepare puts after every document.
+- `HFTokenizer`: a Hugging Face `tokenizer.json` read by the `tokenizers` library (Llama-family checkpoints
+  ship one). `encode` also treats special-token text as text; `eot` is the checkpoint's end-of-sequence id;
+  `prompt_ids` applies the tokenizer's own template (Llama's adds the <s> it was trained with). A
+  tokenizer.json is 2-9 MB, so it is not embedded in JSON: it is stored as a file beside the JSON that
+  describes it (`tokenizer.json` next to a checkpoint's config.json or a prepared folder's meta.json),
+  and the description records its sha256, checked when it is read (`stored_tokenizer`,
+  `tokenizer_from_json(spec, base_dir=...)`).
 
 Ids outside the vocabulary (a model whose embedding is padded past `vocab_size` can sample them) decode
 to U+FFFD rather than crashing a sampling run.
@@ -18,6 +25,9 @@ to U+FFFD rather than crashing a sampling run.
 from __future__ import annotations
 
 import difflib
+import hashlib
+import json
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -28,7 +38,7 @@ REPLACEMENT_CHAR = "\ufffd"
 
 
 class Tokenizer(Protocol):
-    """What every tokenizer offers (structural: CharTokenizer and TiktokenTokenizer both match)."""
+    """What every tokenizer offers (structural: CharTokenizer, TiktokenTokenizer and HFTokenizer match)."""
 
     name: str
 
@@ -208,14 +218,19 @@ def load_tiktoken_encoding(name: str) -> Any:
 
 
 PREPARE_AGAIN = "re-create it with `python -m data.prepare`"
+HF_FILE = "tokenizer.json"  # the sidecar file name of an HFTokenizer stored beside a JSON description
 
 
-def tokenizer_from_json(spec: Any, remedy: str = PREPARE_AGAIN) -> CharTokenizer | TiktokenTokenizer:
-    """Rebuild exactly the tokenizer `to_json` described (from meta.json or a checkpoint's config).
+def tokenizer_from_json(spec: Any, remedy: str = PREPARE_AGAIN,
+                        base_dir: str | Path | None = None) -> CharTokenizer | TiktokenTokenizer | HFTokenizer:
+    """Rebuild exactly the tokenizer `to_json` described (from meta.json or a checkpoint's config); an "hf"
+    description's file is read from `base_dir` (the folder of that JSON) unless it is an absolute path.
     A broken description is a UserError ending in `remedy`: what fixes it depends on where it was read."""
-    if not isinstance(spec, dict) or spec.get("kind") not in ("char", "tiktoken"):
+    if not isinstance(spec, dict) or spec.get("kind") not in ("char", "tiktoken", "hf"):
         raise UserError(f"tokenizer description {str(spec)[:80]!r} is not valid: expected a mapping with "
-                        f"kind 'char' or 'tiktoken'; {remedy}")
+                        f"kind 'char', 'tiktoken' or 'hf'; {remedy}")
+    if spec["kind"] == "hf":
+        return _hf_from_json(spec, remedy, base_dir)
     if spec["kind"] == "char":
         chars = spec.get("chars")
         if not isinstance(chars, str) or len(set(chars)) != len(chars):
@@ -232,3 +247,136 @@ def tokenizer_from_json(spec: Any, remedy: str = PREPARE_AGAIN) -> CharTokenizer
                         f"made with {expected}; install the tiktoken version it was made with")
     return tok
 
+
+
+def _hf_from_json(spec: dict[str, Any], remedy: str, base_dir: str | Path | None) -> HFTokenizer:
+    file, digest = spec.get("file"), spec.get("sha256")
+    if not isinstance(file, str) or not isinstance(digest, str):
+        raise UserError(f"hf tokenizer description has no 'file' and 'sha256'; {remedy}")
+    path = Path(base_dir) / file if base_dir is not None else Path(file)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise UserError(f"cannot read the tokenizer file '{path}' ({e.strerror or e}); {remedy}") from None
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise UserError(f"the tokenizer file '{path}' is not the one its description records (sha256 differs); "
+                        f"{remedy}")
+    ids = [spec.get("eot"), spec.get("bos")]
+    if any(i is not None and (not isinstance(i, int) or isinstance(i, bool) or i < 0) for i in ids):
+        raise UserError(f"hf tokenizer description has invalid eot/bos ids {ids}; {remedy}")
+    return HFTokenizer(data, eot=ids[0], bos=ids[1], name=str(spec.get("name") or "hf"), path=path)
+
+
+def stored_tokenizer(tok: Any) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """(JSON description, files to store beside it) for writing `tok` into a folder: an HFTokenizer's
+    tokenizer.json becomes a sidecar file named in its description; the others are JSON only."""
+    if isinstance(tok, HFTokenizer):
+        return {**tok.to_json(), "file": HF_FILE}, {HF_FILE: tok.data}
+    return tok.to_json(), {}
+
+
+def byte_level_alphabet() -> dict[int, str]:
+    """GPT-2's byte -> printable character map: byte-level BPE vocabularies spell every byte as one of
+    these (a space is 'Ġ'), so that tokens are valid JSON strings."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return dict(sorted(chars.items()))
+
+
+HF_EXTRA = "pip install -e '.[hf]'"
+
+
+class HFTokenizer:
+    """A Hugging Face tokenizer.json, through the `tokenizers` library (module doc)."""
+
+    def __init__(self, data: bytes, eot: int | None = None, bos: int | None = None, name: str = "hf",
+                 path: Path | None = None) -> None:
+        try:
+            import tokenizers
+        except ImportError:
+            raise UserError(f"this model's tokenizer is a Hugging Face tokenizer.json, which needs the tokenizers "
+                            f"package: {HF_EXTRA}") from None
+        try:
+            text = data.decode("utf-8")
+            self._tk = tokenizers.Tokenizer.from_str(text)
+            decoder = json.loads(text).get("decoder") or {}
+        except Exception as e:  # bad UTF-8, bad JSON, unknown components
+            raise UserError(f"tokenizer.json{f' at {path}' if path else ''} cannot be read by the tokenizers "
+                            f"library ({type(e).__name__}: {' '.join(str(e).split())[:120]})") from None
+        self._tk.encode_special_tokens = True  # "<s>" in a text is text, as tiktoken's encode_ordinary
+        self.data, self.sha256 = data, hashlib.sha256(data).hexdigest()
+        self.name, self.path = name, path
+        self._vocab_size = max(self._tk.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+        for which, value in (("eot", eot), ("bos", bos)):
+            if value is not None and not 0 <= value < self._vocab_size:
+                raise UserError(f"{which} id {value} is outside the tokenizer's {self._vocab_size} tokens")
+        self._eot, self.bos = eot, bos
+        self._special = {t.content for t in self._tk.get_added_tokens_decoder().values() if t.special}
+        kinds = json.dumps(decoder)
+        self._bytes = {c: b for b, c in byte_level_alphabet().items()} if '"ByteLevel"' in kinds else None
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def eot(self) -> int | None:
+        return self._eot
+
+    def encode(self, text: str) -> list[int]:
+        return self._tk.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self._tk.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of ids, special tokens (<s>, </s>) left out; an id outside the vocabulary reads U+FFFD."""
+        out: list[str] = []
+        run: list[int] = []
+        for i in map(int, ids):
+            if 0 <= i < self._vocab_size:
+                run.append(i)
+                continue
+            out += [self._tk.decode(run), REPLACEMENT_CHAR]
+            run = []
+        out.append(self._tk.decode(run))
+        return "".join(out)
+
+    def token_strings(self, ids: list[int]) -> list[str]:
+        labels = []
+        for i in map(int, ids):
+            piece = self._tk.id_to_token(i) if 0 <= i < self._vocab_size else None
+            labels.append(f"<{i}>" if piece is None else self._piece_text(piece))
+        return labels
+
+    def _piece_text(self, piece: str) -> str:
+        """A vocabulary entry as the text it stands for: byte-level 'Ġit' -> ' it', metaspace '▁it' -> ' it',
+        byte fallback '<0x0A>' -> '\n'; special tokens ('<s>') as they are."""
+        if piece in self._special:
+            return piece
+        if self._bytes is not None and all(c in self._bytes for c in piece):
+            return bytes(self._bytes[c] for c in piece).decode("utf-8", errors="backslashreplace")
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            return bytes([int(piece[3:5], 16)]).decode("utf-8", errors="backslashreplace")
+        return piece.replace("\u2581", " ")
+
+    def prompt_ids(self, text: str) -> list[int]:
+        """The tokenizer's own template applied (Llama: <s> first); never empty."""
+        ids = self._tk.encode(text, add_special_tokens=True).ids
+        if ids:
+            return ids
+        fallback = self.bos if self.bos is not None else self._eot
+        return [fallback if fallback is not None else 0]
+
+    def to_json(self) -> dict[str, Any]:
+        """In memory: names the file it was read from (stored_tokenizer gives the description to write)."""
+        return {"kind": "hf", "name": self.name, "file": str(self.path.resolve()) if self.path else HF_FILE,
+                "sha256": self.sha256, "vocab_size": self._vocab_size, "eot": self._eot, "bos": self.bos}
+
+    def __repr__(self) -> str:
+        return f"HFTokenizer({self.name!r}, vocab_size={self.vocab_size})"

@@ -12,6 +12,7 @@ from-scratch path runs instead, since the fused kernels never materialise them.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -86,6 +87,19 @@ def scaled_dot_product_attention(
     return out, weights
 
 
+@dataclass
+class AttentionInternals:
+    """What one attention layer computed over a sequence (GPT.attention_internals): enough to redo its
+    arithmetic by hand. Query head h reads kv head h // (n_head // n_kv_head), and writes into the
+    residual stream through W_O^h = out_weight[:, h * head_dim:(h + 1) * head_dim]."""
+    q: torch.Tensor  # (B, n_head, T, head_dim), RoPE applied as the model applies it
+    k: torch.Tensor  # (B, n_kv_head, T, head_dim), RoPE applied
+    v: torch.Tensor  # (B, n_kv_head, T, head_dim)
+    weights: torch.Tensor  # (B, n_head, T, T) float32: softmax(q k^T / sqrt(head_dim)), future masked to -inf
+    out_weight: torch.Tensor  # (d_model, n_head * head_dim): out_proj.weight, y = concat_h(out_h) @ out_weight.T
+    out_bias: torch.Tensor | None  # (d_model,): out_proj.bias (added once per query, not per key), or None
+
+
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     """(B, n_kv_head, T, head_dim) -> (B, n_kv_head * n_rep, T, head_dim), each kv head repeated n_rep times
     in a row, so query head h reads kv head h // n_rep."""
@@ -112,6 +126,21 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         self.kv_cache = None  # a model.kv_cache.KVCache while generating with a cache
 
+    def project_qkv(self, x: torch.Tensor, rope: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, d_model) -> q (B, n_head, T, head_dim), k and v (B, n_kv_head, T, head_dim): what the
+        attention compares and mixes, with RoPE (complex (T, head_dim/2), or None) applied to q and k.
+        forward uses it, and so does GPT.attention_internals: what is inspected is what runs."""
+        B, T, _ = x.shape
+        n_qk = self.n_head + self.n_kv_head
+        qkv = self.qkv_proj(x).view(B, T, n_qk + self.n_kv_head, self.head_dim)  # (B, T, heads of q|k|v, head_dim)
+        qk, v = qkv[:, :, :n_qk], qkv[:, :, n_qk:]
+        if rope is not None:
+            qk = apply_rope(qk, rope)  # q and k rotated in one go
+        q = qk[:, :, :self.n_head].transpose(1, 2)  # (B, n_head, T, head_dim)
+        k = qk[:, :, self.n_head:].transpose(1, 2)  # (B, n_kv_head, T, head_dim)
+        return q, k, v.transpose(1, 2)  # v: (B, n_kv_head, T, head_dim)
+
     def forward(
         self,
         x: torch.Tensor,
@@ -125,14 +154,7 @@ class CausalSelfAttention(nn.Module):
         causal table at `input_pos`, the absolute positions of x's tokens, where k/v are written.
         Returns (y (B, T, d_model), weights (B, n_head, T, T_k) if need_weights else None)."""
         B, T, _ = x.shape
-        n_qk = self.n_head + self.n_kv_head
-        qkv = self.qkv_proj(x).view(B, T, n_qk + self.n_kv_head, self.head_dim)  # (B, T, heads of q|k|v, head_dim)
-        qk, v = qkv[:, :, :n_qk], qkv[:, :, n_qk:]
-        if rope is not None:
-            qk = apply_rope(qk, rope)  # q and k rotated in one go
-        q = qk[:, :, :self.n_head].transpose(1, 2)  # (B, n_head, T, head_dim)
-        k = qk[:, :, self.n_head:].transpose(1, 2)  # (B, n_kv_head, T, head_dim)
-        v = v.transpose(1, 2)  # (B, n_kv_head, T, head_dim)
+        q, k, v = self.project_qkv(x, rope)
         if self.kv_cache is not None:
             k, v = self.kv_cache.update(input_pos, k, v)  # (B, n_kv_head, max_len, head_dim)
             if mask is not None and mask.shape[-1] < k.shape[2]:

@@ -36,14 +36,18 @@ def _weights_to_save(model: GPT) -> dict[str, torch.Tensor]:
     return {name: tensor.detach().contiguous() for name, tensor in state.items()}
 
 
-def save_model(model: GPT, directory: str | Path, extra: dict[str, Any] | None = None) -> None:
-    """Write weights and config into `directory` (created if needed), fsyncing both files."""
+def save_model(model: GPT, directory: str | Path, extra: dict[str, Any] | None = None,
+               files: dict[str, bytes] | None = None) -> None:
+    """Write weights and config into `directory` (created if needed), and `files` beside them (e.g. the
+    tokenizer.json that the config's tokenizer description names), fsyncing every file."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     save_file(_weights_to_save(model), str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
     payload = {"model": model.config.to_dict(), **(extra or {})}
     (directory / CONFIG_FILE).write_text(json.dumps(payload, indent=2))
-    for name in (WEIGHTS_FILE, CONFIG_FILE):
+    for name, data in (files or {}).items():
+        (directory / name).write_bytes(data)
+    for name in (WEIGHTS_FILE, CONFIG_FILE, *(files or {})):
         fsync_file(directory / name)
 
 

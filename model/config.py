@@ -23,6 +23,7 @@ class ModelConfig:
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"  # pre-norm before attention and MLP, and after the last block
     pos: Literal["rope", "learned"] = "learned"  # rotary embeddings on q, k; or GPT-2's learned absolute positions
     rope_theta: float = 10000.0  # RoPE base: larger values rotate slower, reaching further
+    norm_eps: float | None = None  # added to the variance inside each norm; None -> 1e-5 (layernorm), 1e-6 (rmsnorm)
     dropout: float = 0.0  # on attention weights, residual branches and embeddings; 0 for pretraining
     bias: bool = False  # biases in Linear and LayerNorm; False is slightly better and faster (nanoGPT)
     tie_embeddings: bool = True  # the LM head reuses the token-embedding matrix
@@ -50,12 +51,21 @@ class ModelConfig:
             raise ValueError(f"pos='rope' needs an even head_dim, got d_model/n_head = {self.head_dim}")
         if not self.rope_theta > 0:
             raise ValueError(f"rope_theta={self.rope_theta!r}: must be > 0")
+        if self.norm_eps is not None and not (isinstance(self.norm_eps, (int, float)) and 0 < self.norm_eps < 1):
+            raise ValueError(f"norm_eps={self.norm_eps!r}: must be in (0, 1), or null for the norm's default")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout={self.dropout!r}: must be in [0, 1)")
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_head
+
+    @property
+    def norm_epsilon(self) -> float:
+        """norm_eps, or the default of the norm in use (PyTorch's LayerNorm 1e-5; RMSNorm 1e-6 as in LLaMA)."""
+        if self.norm_eps is not None:
+            return float(self.norm_eps)
+        return 1e-5 if self.norm == "layernorm" else 1e-6
 
     @property
     def n_rep(self) -> int:

@@ -77,7 +77,12 @@ def generate(
     decode = compiled_decode_step(model) if (compile and use_kv_cache) else None
     try:
         if use_kv_cache:
-            model.setup_kv_cache(B, block_size, dtype=model.tok_emb.weight.dtype, device=device)
+            # a cache as long as this generation can get: block_size only when the window may fill up (a model
+            # with a long context, e.g. 32K positions, would otherwise allocate a 32K x 32K causal table)
+            max_len = min(block_size, prompt.shape[1] + max(max_new_tokens, 1))
+            if decode is not None:  # a compiled step is specialised to its cache length: round up to a power of
+                max_len = min(block_size, 1 << (max_len - 1).bit_length())  # two, so few lengths ever compile
+            model.setup_kv_cache(B, max_len, dtype=model.tok_emb.weight.dtype, device=device)
             logits, _ = model(window, input_pos=torch.arange(window.shape[1], device=device), last_only=True)
         else:
             logits, _ = model(window, last_only=True)
@@ -118,8 +123,8 @@ def compiled_decode_step(model: GPT) -> Callable[[torch.Tensor, torch.Tensor], t
     causal table's row masking the unwritten slots (eager code slices the written prefix instead), so one
     graph serves every position. On CUDA it is captured as a CUDA graph (mode "reduce-overhead"): a decode
     step of a small model is a few hundred tiny kernels, and launching them costs more than running them.
-    Built once per model and kept on it (`GPT.setup_kv_cache` reuses the same cache buffers for the same
-    batch size, so later generate() calls reuse the compiled graph too)."""
+    Built once per model and kept on it (`GPT.setup_kv_cache` reuses the same cache buffers for the same batch
+    size and cache length, so later generate() calls reuse the compiled graph too)."""
     step = model.__dict__.get("_compiled_decode")
     if step is None:
         mode = "reduce-overhead" if model.tok_emb.weight.device.type == "cuda" else None

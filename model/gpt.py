@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model.attention import CausalSelfAttention
+from model.attention import AttentionInternals, CausalSelfAttention
 from model.config import ModelConfig
 from model.kv_cache import KVCache
 from model.mlp import make_mlp
@@ -24,9 +24,9 @@ class Block(nn.Module):
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.attn_norm = make_norm(config.norm, config.d_model, config.bias)
+        self.attn_norm = make_norm(config.norm, config.d_model, config.bias, config.norm_eps)
         self.attn = CausalSelfAttention(config)
-        self.mlp_norm = make_norm(config.norm, config.d_model, config.bias)
+        self.mlp_norm = make_norm(config.norm, config.d_model, config.bias, config.norm_eps)
         self.mlp = make_mlp(config)
 
     def forward(self, x, rope=None, mask=None, input_pos=None, need_weights=False):
@@ -44,7 +44,7 @@ class GPT(nn.Module):
         self.pos_emb = nn.Embedding(config.block_size, config.d_model) if config.pos == "learned" else None
         self.emb_dropout = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
-        self.final_norm = make_norm(config.norm, config.d_model, config.bias)
+        self.final_norm = make_norm(config.norm, config.d_model, config.bias, config.norm_eps)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:
             # one matrix maps tokens to vectors and vectors back to token scores (Press & Wolf 2017)
@@ -154,10 +154,7 @@ class GPT(nn.Module):
     def attention_maps(self, idx: torch.Tensor, layers: list[int] | None = None) -> dict[int, torch.Tensor]:
         """Attention weights {layer: (B, n_head, T, T)} of `layers` (default all) for idx (B, T), computed
         by the from-scratch path whatever attn_impl is. Runs in eval mode (no dropout), then restores."""
-        layers = list(range(self.config.n_layer)) if layers is None else list(layers)
-        for layer in layers:
-            if not 0 <= layer < self.config.n_layer:
-                raise ValueError(f"layer {layer} out of range: the model has layers 0..{self.config.n_layer - 1}")
+        layers = self._layer_list(layers)
         was_training = self.training
         self.eval()
         try:
@@ -165,6 +162,47 @@ class GPT(nn.Module):
         finally:
             self.train(was_training)
         return {layer: maps[layer].float() for layer in layers}
+
+    @torch.no_grad()
+    def attention_internals(self, idx: torch.Tensor, layers: list[int] | None = None) -> dict[int, AttentionInternals]:
+        """Everything the attention of `layers` (default all) computed over idx (B, T), by the from-scratch
+        path in eval mode: per layer q, k (RoPE applied), v, the weights (as attention_maps returns them)
+        and out_proj's weight and bias (see AttentionInternals). For inspection: the step-by-step
+        arithmetic and value-weighted attention (insight/) are computed from these. q, k, v are what the
+        layer's own projection (CausalSelfAttention.project_qkv) returns for the input it received."""
+        layers = self._layer_list(layers)
+        found: dict[int, AttentionInternals] = {}
+
+        def capture(layer: int):
+            def hook(attn, args, kwargs, output):
+                x = args[0] if args else kwargs["x"]
+                rope = args[1] if len(args) > 1 else kwargs.get("rope")
+                q, k, v = attn.project_qkv(x, rope)
+                bias = attn.out_proj.bias
+                found[layer] = AttentionInternals(q=q, k=k, v=v, weights=output[1].float(),
+                                                  out_weight=attn.out_proj.weight.detach(),
+                                                  out_bias=None if bias is None else bias.detach())
+            return hook
+
+        handles = [self.blocks[layer].attn.register_forward_hook(capture(layer), with_kwargs=True)
+                   for layer in layers]
+        was_training = self.training
+        self.eval()
+        try:
+            self._hidden(idx, record=set(layers))
+        finally:
+            self.train(was_training)
+            for handle in handles:
+                handle.remove()
+        return {layer: found[layer] for layer in layers}
+
+    def _layer_list(self, layers: list[int] | None) -> list[int]:
+        """layers (default all), each checked against n_layer."""
+        layers = list(range(self.config.n_layer)) if layers is None else list(layers)
+        for layer in layers:
+            if not 0 <= layer < self.config.n_layer:
+                raise ValueError(f"layer {layer} out of range: the model has layers 0..{self.config.n_layer - 1}")
+        return layers
 
     # ----------------------------------------------------------------------------------------------
     def setup_kv_cache(self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None,

@@ -31,5 +31,8 @@ class LayerNorm(nn.Module):
         return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
 
 
-def make_norm(kind: str, dim: int, bias: bool) -> nn.Module:
-    return RMSNorm(dim) if kind == "rmsnorm" else LayerNorm(dim, bias=bias)
+def make_norm(kind: str, dim: int, bias: bool, eps: float | None = None) -> nn.Module:
+    """eps None: the norm's own default (RMSNorm 1e-6, LayerNorm 1e-5)."""
+    if kind == "rmsnorm":
+        return RMSNorm(dim) if eps is None else RMSNorm(dim, eps=eps)
+    return LayerNorm(dim, bias=bias) if eps is None else LayerNorm(dim, bias=bias, eps=eps)

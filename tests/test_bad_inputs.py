@@ -38,7 +38,7 @@ def trained_run(tmp_path_factory, data_dir) -> Path:
 
 def test_the_matrix_is_large_and_the_doc_is_generated_from_it():
     assert len(CASES) >= 30 and len({c.id for c in CASES}) == len(CASES)
-    assert {c.prog for c in CASES} == {"train.py", "data.prepare", "sample.py"}
+    assert {c.prog for c in CASES} == {"train.py", "data.prepare", "sample.py", "convert.py"}
     assert {c.kind for c in CASES} >= {"flags", "config", "environment", "data", "checkpoint", "prompt"}
     assert DOC.is_file() and DOC.read_text(encoding="utf-8") == render_markdown(), \
         "docs/bad_inputs.md is out of date: run `python -m tests.bad_input_cases`"
@@ -99,6 +99,8 @@ def test_bad_input(case: Case, tmp_path, data_dir, trained_run):
     for fragment in case.expect:
         assert fragment in line, (fragment, line)
     assert not marker.exists(), "a planted pickle was unpickled: code from the checkpoint ran"
+    if case.prog == "convert.py":  # nothing half-written: no OUT_DIR, no temporary folder beside it
+        assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*")), list(tmp_path.iterdir())
     if case.prog == "train.py" and uses(case, "run") and case.damage is None:
         # nothing lost: the run's checkpoint still loads, at its step, with no temporary folders left over
         from model.checkpoint import load_model

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from data.tokenizer import CharTokenizer
+from insight.value_weighted import value_norms
 from model import GPT, ModelConfig
 from model.checkpoint import WEIGHTS_FILE, load_model, save_model
 
@@ -137,10 +138,12 @@ def test_greedy_text_is_the_same_without_the_cache_and_dumps_are_written(ckpts):
     tokenizer = CharTokenizer(CHARS)
     ids = tokenizer.encode(prompt)
     expected = model.attention_maps(torch.tensor([ids]))
+    internals = model.attention_internals(torch.tensor([ids]))
     T = len(ids)
     above = np.triu(np.ones((T, T), dtype=bool), k=1)
     for out_dir, heads in [(d_all, {0: [0, 1, 2, 3], 1: [0, 1, 2, 3]}), (d_some, {0: [0, 1, 2, 3], 1: [0]})]:
-        assert sorted(p.name for p in out_dir.iterdir()) == ["attn.npz", "layer_0.png", "layer_1.png"]
+        assert sorted(p.name for p in out_dir.iterdir()) == ["attention.html", "attn.npz", "layer_0.png", "layer_1.png"]
+        assert '"labels": ["R", "O", "M", "E", "O", ":", "␣"]' in (out_dir / "attention.html").read_text(encoding="utf-8")
         with np.load(out_dir / "attn.npz") as npz:
             assert npz["tokens"].tolist() == tokenizer.token_strings(ids) == list(prompt)
             assert npz["token_ids"].tolist() == ids
@@ -151,6 +154,10 @@ def test_greedy_text_is_the_same_without_the_cache_and_dumps_are_written(ckpts):
                 assert (w[:, above] == 0).all()
                 np.testing.assert_allclose(w, expected[layer][0].numpy(), atol=1e-6, rtol=0)
                 assert npz[f"heads_{layer}"].tolist() == selected
+                norms = npz[f"value_norm_{layer}"]  # (n_head, T): ||v_j W_O^h||
+                np.testing.assert_allclose(norms, value_norms(internals[layer].v, internals[layer].out_weight, 4)[0],
+                                           rtol=1e-5)
+                np.testing.assert_allclose(npz[f"value_weighted_{layer}"], w * norms[:, None, :], rtol=1e-6)
         for layer in heads:
             png = out_dir / f"layer_{layer}.png"
             assert png.read_bytes()[:8] == PNG_SIGNATURE

@@ -189,6 +189,9 @@ def test_offline_wandb_run_holds_the_scalars(tmp_path, monkeypatch):
     # (evals at steps 20), and the per-head statistic keys
     images = sorted(p.name for p in (runs[0] / "files" / "media" / "images").rglob("*.png"))
     assert len(images) == 2 and any("layer_0" in n for n in images) and any("layer_1" in n for n in images)
+    pages = list((runs[0] / "files" / "media" / "html").rglob("*.html"))  # the explorer, as wandb.Html
+    assert len(pages) == 1 and b"attn/explorer" in records
+    assert "wandb.ai" not in pages[0].read_text(encoding="utf-8")  # no stylesheet injected: still offline
     for stat in ("entropy", "sink_mass", "mean_distance", "decay_gamma"):
         for layer in (0, 1):
             for head in range(4):
@@ -211,6 +214,10 @@ def test_attention_snapshots_on_disk(tmp_path):
     pngs = sorted(p.name for p in (tmp_path / "attn" / "layer_2").glob("*.png"))
     assert pngs == [f"step_{s:06d}.png" for s in (5, 10, 15, 20)]
     assert not (tmp_path / "attn" / "layer_0").exists()
+    pages = sorted(p.name for p in (tmp_path / "attn" / "explorer").glob("*.html"))  # every layer, every snapshot
+    assert pages == [f"step_{s:06d}.html" for s in (5, 10, 15, 20)]
+    page = (tmp_path / "attn" / "explorer" / "step_000020.html").read_text(encoding="utf-8")
+    assert '"layers": [0, 1, 2]' in page and '"info": "step 20"' in page
 
 
 # --- the real command line -----------------------------------------------------------------------

@@ -6,7 +6,9 @@ attention path, in eval mode with no grad, and the run records:
     (insight/stats.py), as W&B scalars `attn/L{layer}.H{head}/{stat}` and rows of
     `out_dir/attn/stats.csv` (step, layer, head, stats...);
   - a heatmap grid of every head of the configured layers, as `out_dir/attn/layer_{L}/step_{S}.png`
-    and a W&B image under `attn/layer_{L}` (one key per layer, so the media panel steps through training).
+    and a W&B image under `attn/layer_{L}` (one key per layer, so the media panel steps through training);
+  - the interactive explorer of every layer and head (insight/explorer/), as
+    `out_dir/attn/explorer/step_{S}.html` and a W&B Html under `attn/explorer`.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import numpy as np
 import torch
 
 from data.prepare import PreparedData
+from insight.explorer import write_explorer
 from insight.heatmap import draw_heatmap
 from insight.stats import STAT_NAMES, head_stats
 from model.gpt import GPT
@@ -26,6 +29,7 @@ from training.logger import RunLogger
 from training.runtime import Runtime
 
 STATS_FILE = "stats.csv"
+EXPLORER_MAX_BYTES = 4_000_000  # per snapshot (a run writes one per eval): q/k/v for the step-by-step view beyond it are left out
 
 
 def default_layers(n_layer: int) -> list[int]:
@@ -98,8 +102,18 @@ class AttentionMonitor:
             png.parent.mkdir(exist_ok=True)
             draw_heatmap(maps[layer][0], self.tokens, title=f"layer {layer}, step {step}", path=png)
             images[f"attn/layer_{layer}"] = png
+        explorer = self.write_explorer(step)
         if self.logger.wandb is not None:
             import wandb
             scalars.update({key: wandb.Image(str(png), caption=f"step {step}") for key, png in images.items()})
+            scalars["attn/explorer"] = wandb.Html(str(explorer), inject=False)  # inject would add a remote stylesheet
             self.logger.log_wandb(step, scalars)
         self.seconds += time.perf_counter() - t0
+
+    def write_explorer(self, step: int) -> Path:
+        """The explorer of every layer and head over the probe, as `attn/explorer/step_{S}.html`."""
+        path = self.dir / "explorer" / f"step_{step:06d}.html"
+        path.parent.mkdir(exist_ok=True)
+        internals = self.model.attention_internals(self.idx)  # {layer: q, k, v, weights, W_O}, eval mode
+        return write_explorer(path, internals, self.tokens, title=f"attention at step {step}", info=f"step {step}",
+                              max_bytes=EXPLORER_MAX_BYTES)

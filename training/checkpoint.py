@@ -45,9 +45,9 @@ STATE_KEYS = {"step": int, "best_val": float, "optimizer": list, "loader": dict,
 
 
 def save_checkpoint(out_dir: str | Path, name: str, model: GPT, extra: dict[str, Any],
-                    train_state: dict[str, Any] | None = None) -> Path:
-    """Write `out_dir/name` atomically. A failed write (disk full, permissions) leaves the previous
-    checkpoint intact and raises UserError saying so."""
+                    train_state: dict[str, Any] | None = None, files: dict[str, bytes] | None = None) -> Path:
+    """Write `out_dir/name` atomically (`files`: written beside config.json, e.g. a tokenizer.json). A failed
+    write (disk full, permissions) leaves the previous checkpoint intact and raises UserError saying so."""
     out_dir = Path(out_dir)
     final, tmp, old = out_dir / name, out_dir / f".{name}.tmp", out_dir / f".{name}.old"
     bad = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
@@ -57,7 +57,7 @@ def save_checkpoint(out_dir: str | Path, name: str, model: GPT, extra: dict[str,
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
-        save_model(model, tmp, extra)
+        save_model(model, tmp, extra, files)
         if train_state is not None:
             torch.save(train_state, tmp / STATE_FILE)
             fsync_file(tmp / STATE_FILE)

@@ -9,13 +9,16 @@
 """
 from __future__ import annotations
 
+import dataclasses
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
-from common.config_io import apply_overrides, from_dict, load_yaml, to_dict
+from common.config_io import apply_overrides, closest, coerce, from_dict, load_yaml, to_dict
+from common.errors import UserError
 from data.config import DataConfig
 from model.config import ModelConfig
 
@@ -43,6 +46,9 @@ class TrainConfig:
     log_interval: int = 10  # steps between progress-bar/W&B scalar updates
     nonfinite: Literal["stop", "skip"] = "stop"  # a NaN/inf loss or gradient: stop the run, or skip the step and count it
     peak_flops: float | None = None  # device peak FLOP/s for MFU; None -> measured at start with a large matmul
+    # the starting weights: scratch (random init), or a pretrained model's -- an attngpt checkpoint or run out_dir,
+    # a Hugging Face model folder or hub id (gpt2, a Llama-family id); its shape and tokenizer come with it
+    init_from: str = "scratch"
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "grad_accum", "max_iters", "log_interval"):
@@ -64,6 +70,8 @@ class TrainConfig:
                 raise ValueError(f"{name}={getattr(self, name)}: must be in [0, 1)")
         if self.peak_flops is not None and not self.peak_flops > 0:
             raise ValueError(f"peak_flops={self.peak_flops}: must be > 0 (or null to measure it)")
+        if not self.init_from.strip():
+            raise ValueError("init_from must be scratch, a checkpoint, a Hugging Face model folder or a hub id")
 
 
 @dataclass
@@ -120,9 +128,13 @@ class RunConfig:
     attn: AttnConfig = field(default_factory=AttnConfig)
     # set by load_run_config: True when the YAML leaves model.vocab_size to the tokenizer
     vocab_size_from_tokenizer: bool = field(default=True, init=False, repr=False)
+    # set by load_run_config: the model settings the YAML (or an override) gives, type-checked, and whether it
+    # sets data.tokenizer (train.init_from refuses a setting that contradicts the source, fills in the others)
+    model_set: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+    data_tokenizer_set: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.attn.layers is not None:
+        if self.attn.layers is not None and self.train.init_from == "scratch":  # else the source's n_layer counts
             too_deep = [layer for layer in self.attn.layers if layer >= self.model.n_layer]
             if too_deep:
                 raise ValueError(f"attn.layers={self.attn.layers}: the model has layers 0..{self.model.n_layer - 1}")
@@ -135,18 +147,41 @@ def load_run_config(path: str | Path, overrides: list[str] | None = None) -> Run
     raw = apply_overrides(load_yaml(path), overrides or [])
     model_raw = raw.get("model")
     explicit_vocab = isinstance(model_raw, dict) and model_raw.get("vocab_size") is not None
+    model_set = _model_settings(model_raw)
+    train_raw = raw.get("train")
+    if isinstance(train_raw, dict) and train_raw.get("init_from", "scratch") != "scratch":
+        # the shape comes from the source: only the free keys build this ModelConfig (a partial section need
+        # not be valid against the defaults); the others are checked against the source (training/init_from.py)
+        raw = {**raw, "model": {k: v for k, v in model_set.items() if k in ("dropout", "attn_impl")}}
     config = from_dict(RunConfig, raw)
     config.vocab_size_from_tokenizer = not explicit_vocab
+    config.model_set = model_set
+    data_raw = raw.get("data")
+    config.data_tokenizer_set = isinstance(data_raw, dict) and data_raw.get("tokenizer") is not None
     return config
 
 
+def _model_settings(model_raw: Any) -> dict[str, Any]:
+    """The `model:` keys given a value, each checked (an unknown key names the closest valid one) and typed."""
+    if not isinstance(model_raw, dict):
+        return {}
+    hints = typing.get_type_hints(ModelConfig)
+    names = [f.name for f in dataclasses.fields(ModelConfig)]
+    for key in model_raw:
+        if key not in hints:
+            raise UserError(f"unknown config key 'model.{key}'{closest(str(key), names, 'model.')}")
+    return {k: coerce(hints[k], v, f"model.{k}") for k, v in model_raw.items() if v is not None}
+
+
+LOADER_FLAGS = ("vocab_size_from_tokenizer", "model_set", "data_tokenizer_set")  # not settings
+
+
 def config_to_yaml(config: RunConfig) -> str:
-    d = to_dict(config)
-    d.pop("vocab_size_from_tokenizer", None)
-    return yaml.safe_dump(d, sort_keys=False)
+    return yaml.safe_dump(config_as_dict(config), sort_keys=False)
 
 
 def config_as_dict(config: RunConfig) -> dict[str, Any]:
     d = to_dict(config)
-    d.pop("vocab_size_from_tokenizer", None)
+    for name in LOADER_FLAGS:
+        d.pop(name, None)
     return d

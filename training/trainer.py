@@ -18,12 +18,14 @@ import torch.nn as nn
 from common.errors import UserError
 from data.loader import BatchLoader
 from data.prepare import PreparedData, prepare_data
+from data.tokenizer import stored_tokenizer
 from model.checkpoint import CheckpointError, load_weights, read_config
 from model.config import ModelConfig
 from model.gpt import GPT
 from training.checkpoint import BEST, LATEST, STATE_FILE, checkpoint_dir, load_train_state, save_checkpoint
 from training.config import RunConfig, config_to_yaml
 from training.evaluate import evaluate
+from training.init_from import init_model_config, init_source
 from training.logger import RunLogger
 from training.optim import Optimizers, build_optimizers, lr_factor
 from training.step import accumulate_gradients, apply_gradients
@@ -103,6 +105,7 @@ class Run:
     optimizers: Optimizers
     loader: BatchLoader
     extra: dict[str, Any]  # saved beside the weights in config.json (the tokenizer)
+    files: dict[str, bytes]  # saved beside config.json (a tokenizer.json the tokenizer description names)
     logger: RunLogger
     monitor: Any  # training.attn_monitor.AttentionMonitor, or None
     result: TrainResult
@@ -117,7 +120,7 @@ class Run:
             return
         state = {"step": step_done, "best_val": self.result.best_val, "skipped_steps": self.result.skipped_steps,
                  "optimizer": self.optimizers.state_dict(), "loader": self.loader.state_dict(), "rng": rng_state()}
-        save_checkpoint(self.out_dir, LATEST, self.raw_model, self.extra, state)
+        save_checkpoint(self.out_dir, LATEST, self.raw_model, self.extra, state, files=self.files)
 
 
 def setup(cfg: RunConfig, rt: Runtime) -> Run:
@@ -127,14 +130,17 @@ def setup(cfg: RunConfig, rt: Runtime) -> Run:
     tc = cfg.train
     seed_everything(cfg.seed)
     _make_out_dir(out_dir, rt)
-    prepared = _prepare(cfg, rt)
-    model_cfg = model_config_for(cfg, prepared)
+    source = init_source(cfg, checkpoint_dir(out_dir, LATEST))  # train.init_from: None for scratch
+    prepared = _prepare(cfg, rt, source)
+    model_cfg = model_config_for(cfg, prepared) if source is None else init_model_config(cfg, source)
 
     latest = checkpoint_dir(out_dir, LATEST)
     if latest is not None and tc.resume == "never":
         raise UserError(f"out_dir '{out_dir}' already holds a checkpoint and train.resume=never: set "
                         f"train.resume=auto to continue it, or choose another out_dir")
     model = GPT(model_cfg).to(rt.device)
+    if source is not None and latest is None:
+        source.load_into(model)  # the pretrained weights; optimizer and schedule start fresh
     optimizers = build_optimizers(model, tc)
     loader = BatchLoader(prepared.train_path, prepared.dtype, model_cfg.block_size, tc.batch_size,
                          seed=cfg.seed, rank=rt.rank, world_size=rt.world_size, device=rt.device)
@@ -145,6 +151,9 @@ def setup(cfg: RunConfig, rt: Runtime) -> Run:
         (out_dir / "config.yaml").write_text(config_to_yaml(cfg))
 
     logger = RunLogger(cfg, rt.is_main, result.step, resumed=latest is not None)
+    if source is not None and latest is None:
+        logger.write(f"starting from the weights of {tc.init_from} ({source.kind} checkpoint), with a fresh "
+                     f"optimizer and schedule; tokenizer {source.tokenizer!r}")
     try:
         return _finish_setup(cfg, rt, prepared, model, optimizers, loader, result, logger, latest)
     except BaseException:
@@ -169,10 +178,10 @@ def _finish_setup(cfg: RunConfig, rt: Runtime, prepared: PreparedData, model: GP
     if needs_measurement(cfg.dtype, tc.compile):
         choice, compiled = decide_precision(cfg, rt, model, optimizers, loader, result, latest is not None)
         logger.write(choice.summary())
+    tokenizer_spec, tokenizer_files = stored_tokenizer(prepared.tokenizer)
     run = Run(cfg=cfg, rt=rt, out_dir=Path(cfg.out_dir), prepared=prepared,
-              model=_wrap(model, rt.compile, rt, compiled),
-              raw_model=model, optimizers=optimizers, loader=loader,
-              extra={"tokenizer": prepared.tokenizer.to_json()}, logger=logger, monitor=None, result=result)
+              model=_wrap(model, rt.compile, rt, compiled), raw_model=model, optimizers=optimizers, loader=loader,
+              extra={"tokenizer": tokenizer_spec}, files=tokenizer_files, logger=logger, monitor=None, result=result)
     run.scaler = torch.amp.GradScaler("cuda") if rt.autocast_dtype == torch.float16 else None
     run.tokens_per_step = tc.batch_size * tc.grad_accum * rt.world_size * model_cfg.block_size
     run.flops_per_step = model.flops_per_token(model_cfg.block_size) * run.tokens_per_step
@@ -181,14 +190,17 @@ def _finish_setup(cfg: RunConfig, rt: Runtime, prepared: PreparedData, model: GP
     return run
 
 
-def _prepare(cfg: RunConfig, rt: Runtime) -> PreparedData:
-    """The main process prepares the data; the others wait for it, then read the same bins."""
+def _prepare(cfg: RunConfig, rt: Runtime, source: Any = None) -> PreparedData:
+    """The main process prepares the data; the others wait for it, then read the same bins. With
+    train.init_from, with the source's tokenizer and for its block size."""
+    tokenizer = source.tokenizer if source is not None else None
+    block_size = source.config.block_size if source is not None else cfg.model.block_size
     if rt.is_main:
-        prepared = prepare_data(cfg.data, block_size=cfg.model.block_size)
+        prepared = prepare_data(cfg.data, block_size=block_size, tokenizer=tokenizer)
     if rt.ddp:
         dist.barrier()
     if not rt.is_main:
-        prepared = prepare_data(cfg.data, block_size=cfg.model.block_size, quiet=True)
+        prepared = prepare_data(cfg.data, block_size=block_size, quiet=True, tokenizer=tokenizer)
     return prepared
 
 
@@ -343,7 +355,8 @@ def evaluate_and_save(run: Run, step: int) -> None:
     if run.monitor is not None:
         run.monitor.snapshot(step)
     if run.rt.is_main and improved:
-        save_checkpoint(run.out_dir, BEST, run.raw_model, {**run.extra, "step": step, "val_loss": losses["val"]})
+        save_checkpoint(run.out_dir, BEST, run.raw_model, {**run.extra, "step": step, "val_loss": losses["val"]},
+                        files=run.files)
     run.save(step)
 
 

@@ -1,0 +1,214 @@
+"""The attention explorer at GPT-2 small's shape: file size and time to interactive in headless Chromium.
+
+Why: the explorer must stay usable for 12 layers x 12 heads x 256 tokens (GPT-2 small on a paragraph):
+a file of at most 10 MB, interactive within 2 s of opening. Reported here, never asserted.
+
+Model: GPT-2 small's shape (n_layer 12, n_head 12, d_model 768, head_dim 64, vocab 50304, learned
+positions, LayerNorm, GELU, biases), fp32, random weights, over 256 GPT-2 tokens of tinyshakespeare
+(random ids when the text or the tokenizer files are not on the machine). Two weight draws, because the
+size depends on how compressible the maps are:
+  - init: GPT-2's initialisation (std 0.02): near-uniform attention, the most compressible case;
+  - sharp: q and k projections scaled x`--sharpen` (default 3): peaked, varied rows like a trained model's.
+The bound for maps that would not compress at all is printed as well (8-bit weights, base64).
+
+Timings (`--reps` page loads each, median; a fresh navigation each time):
+  - interactive: performance.now() when the page has decoded the weights and drawn the head view, the
+    step-by-step panel and the statistics, its handlers in place (window.attnExplorer.readyMs, measured
+    from the start of navigation: reading and parsing the file included);
+  - q/k/v decoded: when the step-by-step view has its float32 numbers (the page is usable before);
+  - model view drawn: when the last of the 144 small maps is drawn (they are drawn in slices after the
+    page is ready, or at once when the tab is opened first);
+  - wall: from driver.get() to seeing the page ready, as the test driver sees it;
+  - interactions, inside the page: clicking the last token with all 12 heads on (3,084 lines), switching
+    layer, toggling value-weighted attention, opening a head in the model view.
+
+    python benchmarks/explorer_size.py [--reps 5] [--tokens 256] [--sharpen 3] [--keep DIR] [--quick] [--no-save]
+
+Prints the tables and appends a dated section (machine, command, results) to benchmarks/RESULTS.md
+(not with --quick, a smoke run at a smaller shape, unless --save).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]  # the repository (model/, ...) and benchmarks/ (_report)
+
+import torch  # noqa: E402
+
+import _report  # noqa: E402
+from insight.explorer import MAX_BYTES, explorer_html  # noqa: E402
+from model import GPT, ModelConfig  # noqa: E402
+
+TEXT_SOURCES = [HERE.parent / "data" / "cache" / "tinyshakespeare" / "input.txt",
+                HERE.parent.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"]
+
+
+def gpt2_small(quick: bool) -> ModelConfig:
+    if quick:
+        return ModelConfig(vocab_size=50304, block_size=256, n_layer=4, n_head=4, d_model=256, pos="learned",
+                           norm="layernorm", mlp="gelu", bias=True)
+    return ModelConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, d_model=768, pos="learned",
+                       norm="layernorm", mlp="gelu", bias=True)
+
+
+def paragraph(n_tokens: int) -> tuple[list[int], list[str], str]:
+    """n_tokens GPT-2 tokens of tinyshakespeare, with their strings; random ids when unavailable."""
+    try:
+        from data.tokenizer import TiktokenTokenizer
+        tok = TiktokenTokenizer("gpt2")
+        text = next(p for p in TEXT_SOURCES if p.is_file()).read_text(encoding="utf-8")[: n_tokens * 8]
+        ids = tok.encode(text)[:n_tokens]
+        if len(ids) == n_tokens:
+            return ids, tok.token_strings(ids), f"the first {n_tokens} GPT-2 tokens of tinyshakespeare"
+    except Exception as e:  # no tokenizer files, no text: the size hardly depends on which tokens
+        print(f"(no text: {e}; random token ids)")
+    ids = torch.randint(0, 50257, (n_tokens,), generator=torch.Generator().manual_seed(0)).tolist()
+    return ids, [f"t{i}" for i in ids], f"{n_tokens} random token ids"
+
+
+def start_browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    chromium = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+    driver_path = shutil.which("chromedriver")
+    if chromium is None or driver_path is None:
+        raise SystemExit("explorer_size.py needs chromium and chromedriver (Debian: apt-get install chromium chromium-driver)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+        options.add_argument(arg)
+    return webdriver.Chrome(service=Service(driver_path), options=options), chromium
+
+
+INTERACT = """
+const t = {}, api = window.attnExplorer, H = api.meta.n_head, W = api.meta.window, L = api.meta.layers;
+let t0 = performance.now();
+document.getElementById('heads-all').click();
+document.getElementById('q-tok-' + (W - 1)).click();
+t.click_last_token_all_heads = performance.now() - t0;
+t.lines = document.querySelectorAll('#lines line').length;
+const sel = document.getElementById('layer-select');
+t0 = performance.now();
+sel.value = L[L.length - 1]; sel.dispatchEvent(new Event('change'));
+t.switch_layer = performance.now() - t0;
+t0 = performance.now();
+document.getElementById('value-weighted').click();
+t.value_weighted_toggle = performance.now() - t0;
+t0 = performance.now();
+document.getElementById('thumb-' + L[0] + '-' + (H - 1)).click();
+t.open_head = performance.now() - t0;
+return t;
+"""
+
+
+def measure(driver, path: Path, reps: int) -> dict[str, float]:
+    runs: dict[str, list[float]] = {}
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        driver.get(path.resolve().as_uri())
+        while not driver.execute_script("return document.documentElement.dataset.ready === '1'"):
+            if driver.execute_script("return window.attnExplorer && window.attnExplorer.error || null"):
+                raise SystemExit(driver.execute_script("return window.attnExplorer.error"))
+            time.sleep(0.005)
+        wall = (time.perf_counter() - t0) * 1000
+        while not driver.execute_script("return document.documentElement.dataset.detail === '1' && "
+                                        "!!window.attnExplorer.modelViewMs"):
+            time.sleep(0.005)
+        got = {"interactive_ms": driver.execute_script("return window.attnExplorer.readyMs"),
+               "qkv_decoded_ms": driver.execute_script("return window.attnExplorer.detailMs"),
+               "model_view_ms": driver.execute_script("return window.attnExplorer.modelViewMs"), "wall_ms": wall}
+        for name, value in driver.execute_script(INTERACT).items():
+            got[name if name == "lines" else f"{name}_ms"] = value
+        for name, value in got.items():
+            runs.setdefault(name, []).append(float(value))
+    return {name: statistics.median(values) for name, values in runs.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="explorer_size", description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=5, help="page loads per file (median)")
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--sharpen", type=float, default=3.0, help="q/k weight scale of the 'sharp' draw")
+    parser.add_argument("--keep", type=Path, help="also copy the generated pages into this folder")
+    parser.add_argument("--quick", action="store_true", help="a smaller shape, 2 loads; saves nothing unless --save")
+    parser.add_argument("--save", action="store_true")
+    parser.add_argument("--no-save", action="store_true")
+    args = parser.parse_args()
+    reps = 2 if args.quick else args.reps
+    torch.manual_seed(0)
+    cfg = gpt2_small(args.quick)
+    ids, tokens, text_note = paragraph(min(args.tokens, cfg.block_size))
+    model = GPT(cfg).eval()
+    idx = torch.tensor([ids])
+    driver, chromium = start_browser()
+    version = driver.capabilities.get("browserVersion", "?")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for draw in ("init", "sharp"):
+            if draw == "sharp":
+                with torch.no_grad():
+                    for block in model.blocks:
+                        d = cfg.n_head * cfg.head_dim
+                        block.attn.qkv_proj.weight[: 2 * d] *= args.sharpen  # q and k rows (MHA: n_kv_head = n_head)
+            t0 = time.perf_counter()
+            internals = model.attention_internals(idx)
+            t_internals = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            html = explorer_html(internals, tokens, info=f"{draw} weights", n_layer=cfg.n_layer)
+            t_build = time.perf_counter() - t0
+            path = Path(tmp) / f"explorer_{draw}.html"
+            path.write_text(html, encoding="utf-8")
+            if args.keep:
+                args.keep.mkdir(parents=True, exist_ok=True)
+                shutil.copy(path, args.keep / path.name)
+            meta = json.loads(re.search(r'id="attn-meta">(.*?)</script>', html, re.S).group(1))
+            data_b64 = len(re.search(r'id="attn-data">(.*?)</script>', html, re.S).group(1))
+            detail_b64 = len(re.search(r'id="attn-detail">(.*?)</script>', html, re.S).group(1))
+            kept = sum(len(h) for h in meta["detail_heads"].values())
+            entropy = sum(sum(x for x in meta["stats"][str(L)]["entropy"] if x is not None)
+                          for L in meta["layers"]) / (cfg.n_layer * cfg.n_head)
+            timing = measure(driver, path, reps)
+            rows.append(dict(draw=draw, size=path.stat().st_size, weights=data_b64, detail=detail_b64, kept=kept,
+                             entropy=entropy, internals=t_internals, build=t_build, **timing))
+    driver.quit()
+
+    W, n_heads = min(args.tokens, cfg.block_size), cfg.n_layer * cfg.n_head
+    bound = (n_heads * W * (W + 1) // 2 + 2 * n_heads * W * 4) * 4 / 3
+    shape = f"{cfg.n_layer} layers x {cfg.n_head} heads x {W} tokens, head_dim {cfg.head_dim}"
+    table = ["| weights | mean entropy | file MB | weights (base64 gzip) MB | q/k/v MB | heads with q/k/v | "
+             "interactive ms | q/k/v decoded ms | model view drawn ms | wall ms | build s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    inter = ["| weights | click last token, all heads (lines) ms | switch layer ms | value-weighted toggle ms | open a head ms |",
+             "|---|---:|---:|---:|---:|"]
+    for r in rows:
+        table.append(f"| {r['draw']} | {r['entropy']:.2f} | {r['size'] / 1e6:.2f} | {r['weights'] / 1e6:.2f} | "
+                     f"{r['detail'] / 1e6:.2f} | {r['kept']} of {n_heads} | {r['interactive_ms']:.0f} | "
+                     f"{r['qkv_decoded_ms']:.0f} | {r['model_view_ms']:.0f} | {r['wall_ms']:.0f} | {r['build']:.2f} |")
+        inter.append(f"| {r['draw']} | {r['click_last_token_all_heads_ms']:.0f} ({r['lines']:.0f}) | "
+                     f"{r['switch_layer_ms']:.0f} | {r['value_weighted_toggle_ms']:.0f} | {r['open_head_ms']:.0f} |")
+    notes = [f"- Shape: {shape}; {text_note}; budget {MAX_BYTES / 1e6:.0f} MB (insight/explorer MAX_BYTES).",
+             f"- Weights that would not compress at all: {bound / 1e6:.2f} MB (8 bits each + two float32 per row, base64); "
+             f"the rest of the budget holds float32 q/k/v, the selected heads first.",
+             f"- Timings: median of {reps} page loads in headless {chromium} {version}; 'interactive' = performance.now() "
+             f"when the head view, step-by-step panel and statistics are drawn, from the start of navigation (file "
+             f"reading and parsing included); 'wall' = driver.get() until the page reports ready."]
+    print("\n".join([*table, "", *inter, "", *notes]))
+    if (args.quick and not args.save) or args.no_save:
+        return
+    section = [f"## Attention explorer: file size and time to interactive ({_report.timestamp()})", "",
+               f"- Machine: {_report.machine(versions=['selenium'], torch_threads=True)}",
+               f"- Command: `{_report.command('explorer_size.py')}`", *notes, "", *table, "", *inter]
+    print(f"appended to {_report.append_section(section)}")
+
+
+if __name__ == "__main__":
+    main()

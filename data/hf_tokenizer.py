@@ -1,0 +1,171 @@
+"""Tokenizers across the Hugging Face boundary.
+
+Reading (`tokenizer_for_hf_folder`): a GPT-2 checkpoint whose vocabulary is GPT-2's (checked entry by entry
+against tiktoken's, whichever of tokenizer.json / vocab.json it ships) uses attngpt's tiktoken "gpt2"
+encoding: the same ids and the fast encoder. Any other checkpoint uses its own tokenizer.json through the
+`tokenizers` library (HFTokenizer), with its end-of-sequence and beginning-of-sequence ids taken from
+tokenizer_config.json, else config.json / generation_config.json.
+
+Writing (`hf_tokenizer_files`), beside an exported model:
+    tiktoken gpt2       vocab.json + merges.txt (rebuilt from tiktoken's ranks: identical to GPT-2's own
+                        files) + tokenizer_config.json: transformers' AutoTokenizer loads them
+    HFTokenizer         its tokenizer.json + tokenizer_config.json
+    char vocabulary     attngpt_char_vocab.json: Hugging Face has no such tokenizer; the file says how to use it
+    other tiktoken      attngpt_tokenizer.json naming the encoding (its pre-tokenizer differs from GPT-2's)
+"""
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+from common.errors import UserError
+from data.tokenizer import CharTokenizer, HFTokenizer, TiktokenTokenizer, byte_level_alphabet
+
+GPT2_ENCODINGS = ("gpt2", "r50k_base")  # the same ranks and pre-tokenizer
+EOT_TEXT = "<|endoftext|>"
+CHAR_VOCAB_FILE = "attngpt_char_vocab.json"
+TIKTOKEN_FILE = "attngpt_tokenizer.json"
+
+
+@functools.lru_cache(maxsize=1)
+def gpt2_vocab() -> dict[str, int]:
+    """tiktoken's GPT-2 ranks as a byte-level vocab.json: {'Ġthe': 262, ..., '<|endoftext|>': 50256}."""
+    enc = TiktokenTokenizer("gpt2")._enc
+    alphabet = byte_level_alphabet()
+    vocab = {"".join(alphabet[b] for b in enc.decode_single_token_bytes(i)): i
+             for i in range(enc.n_vocab) if i != enc.eot_token}
+    vocab[EOT_TEXT] = enc.eot_token
+    return vocab
+
+
+@functools.lru_cache(maxsize=1)
+def gpt2_merges() -> tuple[str, ...]:
+    """GPT-2's merges, in priority order, recovered from the ranks: each multi-byte token is the merge of the
+    two parts that byte-pair encoding with only the lower-ranked merges leaves it in."""
+    ranks = {token: rank for token, rank in gpt2_vocab().items() if token != EOT_TEXT}
+    merges = []
+    for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+        if len(token) == 1:
+            continue
+        splits = [k for k in range(1, len(token)) if ranks.get(token[:k], rank) < rank > ranks.get(token[k:], rank)]
+        if len(splits) != 1:  # several candidates: replay the encoding to see which one it reaches
+            parts = _bpe(token, ranks, rank)
+            splits = [len(parts[0])] if len(parts) == 2 else []
+        if not splits:
+            raise RuntimeError(f"GPT-2 token {token!r} is not one merge of lower-ranked tokens")
+        merges.append(f"{token[:splits[0]]} {token[splits[0]:]}")
+    return tuple(merges)
+
+
+def _bpe(token: str, ranks: dict[str, int], below: int) -> list[str]:
+    """Byte-pair encode `token` with only the merges ranked below `below` (lowest rank first, as GPT-2)."""
+    parts = list(token)
+    while len(parts) > 1:
+        best, i = min((ranks.get(a + b, below), i) for i, (a, b) in enumerate(zip(parts, parts[1:])))
+        if best >= below:
+            break
+        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+    return parts
+
+
+# --- reading --------------------------------------------------------------------------------------------------
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"'{path}' cannot be read as JSON ({type(e).__name__}: {e})") from None
+
+
+def _folder_vocab(folder: Path) -> dict[str, int] | None:
+    """The folder's token -> id map (tokenizer.json's model vocab + added tokens, or vocab.json), if any."""
+    if (folder / "tokenizer.json").is_file():
+        spec = _json(folder / "tokenizer.json")
+        model = spec.get("model") if isinstance(spec, dict) else None
+        vocab = dict(model["vocab"]) if isinstance(model, dict) and isinstance(model.get("vocab"), dict) else {}
+        for added in spec.get("added_tokens") or []:
+            if isinstance(added, dict) and "content" in added and "id" in added:
+                vocab[added["content"]] = added["id"]
+        return vocab
+    if (folder / "vocab.json").is_file():
+        vocab = _json(folder / "vocab.json")
+        return vocab if isinstance(vocab, dict) else {}
+    return None
+
+
+def _token_id(entry: Any, tok: HFTokenizer) -> int | None:
+    content = entry.get("content") if isinstance(entry, dict) else entry
+    return tok._tk.token_to_id(content) if isinstance(content, str) else None
+
+
+def _config_id(value: Any) -> int | None:
+    if isinstance(value, list):
+        value = value[0] if value else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def special_ids(folder: Path, hf_config: dict[str, Any], tok: HFTokenizer) -> tuple[int | None, int | None]:
+    """(eos, bos) ids of the checkpoint in `folder`."""
+    eos = bos = None
+    if (folder / "tokenizer_config.json").is_file():
+        tcfg = _json(folder / "tokenizer_config.json")
+        if isinstance(tcfg, dict):
+            eos, bos = _token_id(tcfg.get("eos_token"), tok), _token_id(tcfg.get("bos_token"), tok)
+    gen = _json(folder / "generation_config.json") if (folder / "generation_config.json").is_file() else {}
+    for source in (hf_config, gen if isinstance(gen, dict) else {}):
+        eos = eos if eos is not None else _config_id(source.get("eos_token_id"))
+        bos = bos if bos is not None else _config_id(source.get("bos_token_id"))
+    valid = range(tok.vocab_size)
+    return (eos if eos in valid else None), (bos if bos in valid else None)
+
+
+def tokenizer_for_hf_folder(folder: Path, hf_config: dict[str, Any], kind: str, name: str):
+    """The attngpt tokenizer of the Hugging Face checkpoint in `folder` (module doc). kind: 'gpt2' | 'llama' |
+    'mistral' (the architecture); name: how to call it (the hub id or folder)."""
+    if kind == "gpt2":
+        vocab = _folder_vocab(folder)
+        if vocab is None:
+            if int(hf_config.get("vocab_size", 0)) >= len(gpt2_vocab()):
+                return TiktokenTokenizer("gpt2")  # no tokenizer files: GPT-2's own, as the architecture implies
+            raise UserError(f"'{folder}' has no tokenizer files (tokenizer.json or vocab.json) and a vocabulary "
+                            f"of {hf_config.get('vocab_size')} tokens, not GPT-2's: add its tokenizer.json")
+        if vocab == gpt2_vocab():
+            return TiktokenTokenizer("gpt2")
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        raise UserError(f"no tokenizer.json in '{folder}': attngpt reads this model's tokenizer from tokenizer.json "
+                        f"(save it with transformers' tokenizer.save_pretrained)")
+    tok = HFTokenizer(path.read_bytes(), name=name, path=path)
+    eos, bos = special_ids(folder, hf_config, tok)
+    return HFTokenizer(tok.data, eot=eos, bos=bos, name=name, path=path)
+
+
+# --- writing --------------------------------------------------------------------------------------------------
+
+def hf_tokenizer_files(tok: Any, block_size: int) -> tuple[dict[str, Any], dict[str, bytes], int | None, int | None]:
+    """(JSON files, raw files, bos id, eos id) that represent `tok` beside an exported model (module doc)."""
+    if isinstance(tok, TiktokenTokenizer) and tok.name in GPT2_ENCODINGS:
+        special = {"bos_token": EOT_TEXT, "eos_token": EOT_TEXT, "unk_token": EOT_TEXT}
+        config = {"tokenizer_class": "GPT2Tokenizer", "add_prefix_space": False, "model_max_length": block_size,
+                  **special}
+        merges = "#version: 0.2\n" + "\n".join(gpt2_merges()) + "\n"
+        files = {"vocab.json": gpt2_vocab(), "tokenizer_config.json": config, "special_tokens_map.json": special}
+        return files, {"merges.txt": merges.encode("utf-8")}, tok.eot, tok.eot
+    if isinstance(tok, HFTokenizer):
+        config: dict[str, Any] = {"model_max_length": block_size}
+        for key, token_id in (("bos_token", tok.bos), ("eos_token", tok.eot)):
+            if token_id is not None:
+                config[key] = tok._tk.id_to_token(token_id)
+        return {"tokenizer_config.json": config}, {"tokenizer.json": tok.data}, tok.bos, tok.eot
+    if isinstance(tok, CharTokenizer):
+        doc = {"kind": "char", "chars": tok.chars,
+               "about": "attngpt character vocabulary: token id i is the character chars[i] (characters in "
+                        "code-point order; no special tokens). Hugging Face has no tokenizer of this kind: "
+                        "encode with [chars.index(c) for c in text], decode with ''.join(chars[i] for i in ids)."}
+        return {CHAR_VOCAB_FILE: doc}, {}, None, None
+    doc = {**tok.to_json(), "about": f"attngpt tiktoken tokenizer: tiktoken.get_encoding({tok.name!r}), ids as it "
+                                     f"gives them (encode_ordinary; <|endoftext|> = {tok.eot} ends documents). "
+                                     f"Not written as Hugging Face files: its pre-tokenizer is not GPT-2's."}
+    return {TIKTOKEN_FILE: doc}, {}, tok.eot, tok.eot

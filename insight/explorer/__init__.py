@@ -1,0 +1,133 @@
+"""The attention explorer: one self-contained HTML file that shows what every head attends to.
+
+    html = explorer_html(model.attention_internals(idx), tokens)    # or write_explorer(path, ...)
+
+Views: the head view (tokens in two columns, lines from a token to what it attends to, weight as
+opacity, one colour per head, heads toggled, layer chosen; a toggle draws value-weighted attention
+||alpha_ij v_j W_O^h|| instead), the model view (every layer x head as a small map; click one to open
+it), the step-by-step arithmetic of one (layer, head, query) with the model's own q, k and v, and the
+per-head statistics as a sortable table.
+
+The file needs no network: its JS (explorer.js) and CSS (explorer.css) are inlined into template.html,
+its data is a JSON header plus two base64 gzip blobs (pack.py) that the browser's DecompressionStream
+unpacks, and a Content-Security-Policy forbids any fetch. Inputs longer than `window` tokens are cut
+to their first `window` (causal attention never looks ahead, so those rows are exactly the model's).
+The weights of every head are always stored (8 bits each); float32 q/k/v for the step-by-step view
+fill what is left of `max_bytes` (pack.py says in which order).
+"""
+from __future__ import annotations
+
+import base64
+import json
+import math
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from insight.explorer.pack import Blob, choose_detail, detail_order, quantise_rows
+from insight.heatmap import token_label
+from insight.stats import STAT_NAMES, head_stats
+from insight.value_weighted import internals_value_norms
+from model.attention import AttentionInternals
+
+WINDOW = 256  # tokens shown at most: 12 layers x 12 heads x 256 tokens stays under 10 MB
+MAX_BYTES = 10_000_000  # the file's size budget; q/k/v of heads are left out beyond it (the weights never are)
+_SLOT = re.compile(r"\{\{(TITLE|CSS|JS|META|DATA|DETAIL)\}\}")
+
+
+def _asset(name: str) -> str:
+    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+
+
+def _json_for_script(obj) -> str:
+    """JSON that is safe inside <script>: no '<' (so no '</script>'), NaN as null."""
+    return json.dumps(obj, ensure_ascii=False, allow_nan=False).replace("<", "\\u003c")
+
+
+def _finite_or_none(values: np.ndarray) -> list:
+    return [float(x) if math.isfinite(x) else None for x in np.asarray(values, dtype=np.float64)]
+
+
+def _render(meta: dict, data: bytes, detail: bytes) -> str:
+    js = _asset("explorer.js")
+    if "</script" in js.lower():
+        raise ValueError("explorer.js must not contain '</script'")
+    title = (meta["title"].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;"))
+    slots = {"TITLE": title, "CSS": _asset("explorer.css"), "JS": js, "META": _json_for_script(meta),
+             "DATA": base64.b64encode(data).decode("ascii"), "DETAIL": base64.b64encode(detail).decode("ascii")}
+    return _SLOT.sub(lambda m: slots[m.group(1)], _asset("template.html"))  # one pass: inserted text is never re-read
+
+
+def explorer_html(internals: dict[int, AttentionInternals], tokens: Sequence[str],
+                  selected: dict[int, list[int]] | None = None, *, n_layer: int | None = None,
+                  title: str = "attngpt attention", info: str = "", window: int = WINDOW,
+                  max_bytes: int = MAX_BYTES, item: int = 0) -> str:
+    """The explorer page for GPT.attention_internals(idx, layers) (batch item `item`) over `tokens` (one
+    string per position). selected: {layer: heads} shown first (default all heads); n_layer: the model's
+    depth, for the header (default: the largest layer + 1); info: a line for the header (e.g. the step)."""
+    layers = sorted(internals)
+    if not layers:
+        raise ValueError("no layers to show")
+    first = internals[layers[0]]
+    n_head, n_kv_head, T, head_dim = first.q.shape[1], first.k.shape[1], first.q.shape[2], first.q.shape[3]
+    if len(tokens) != T:
+        raise ValueError(f"{len(tokens)} tokens for T={T} positions")
+    selected = {layer: list(range(n_head)) for layer in layers} if selected is None else selected
+    if sorted(selected) != layers or not all(selected[layer] for layer in layers):
+        raise ValueError(f"selected must name some heads of each layer {layers}, got {selected}")
+    W = min(T, window)
+
+    data = Blob()
+    stats = {}
+    for layer in layers:
+        weights = internals[layer].weights[item, :, :W, :W].detach().float().cpu().numpy()  # (n_head, W, W)
+        codes, row_max = quantise_rows(weights)
+        data.add(f"attn.{layer}", codes)
+        data.add(f"scale.{layer}", row_max)
+        norms = internals_value_norms(internals[layer])[item, :, :W]  # (n_head, W): ||v_j W_O^h||
+        data.add(f"vnorm.{layer}", norms.detach().cpu().numpy().astype(np.float32))
+        stats[str(layer)] = {name: _finite_or_none(v) for name, v in head_stats(weights).items()}
+
+    meta = {"format": 1, "title": title, "info": info, "n_layer": n_layer or layers[-1] + 1, "layers": layers,
+            "n_head": n_head, "n_kv_head": n_kv_head, "head_dim": head_dim, "n_tokens": T, "window": W,
+            "labels": [token_label(t, max_len=16) for t in tokens[:W]],
+            "selected": {str(layer): [int(h) for h in selected[layer]] for layer in layers},
+            "stat_names": list(STAT_NAMES), "stats": stats, "arrays": data.specs,
+            "quantisation": "8-bit per row: weight = code / 255 * row max", "detail_heads": {}, "detail_arrays": {}}
+    data_gz = data.gzipped()
+
+    # q/k/v in float32 in what the weights leave of the budget: base64 makes 4 bytes of 3, gzip
+    # hardly shrinks float32; each array adds ~50 bytes of JSON. Checked after building, shed if over.
+    head_bytes = W * head_dim * 4
+    spare = max_bytes - len(_render(meta, data_gz, b"").encode("utf-8")) - 256
+    order = detail_order(layers, selected, n_head)
+    chosen = choose_detail(order, n_head // n_kv_head, head_bytes, int(spare * 3 / 4 / 1.002) - 120 * len(order))
+    while True:
+        detail = Blob()
+        for layer, heads in sorted(chosen.items()):
+            it = internals[layer]
+            for h in heads:
+                detail.add(f"q.{layer}.{h}", it.q[item, h, :W].detach().float().cpu().numpy())
+            for g in sorted({h // (n_head // n_kv_head) for h in heads}):
+                detail.add(f"k.{layer}.{g}", it.k[item, g, :W].detach().float().cpu().numpy())
+                detail.add(f"v.{layer}.{g}", it.v[item, g, :W].detach().float().cpu().numpy())
+        meta["detail_heads"] = {str(layer): heads for layer, heads in sorted(chosen.items())}
+        meta["detail_arrays"] = detail.specs
+        html = _render(meta, data_gz, detail.gzipped())
+        if len(html.encode("utf-8")) <= max_bytes or not chosen:
+            return html
+        last = max(chosen)  # over budget (rare: the estimate is generous): drop the last head kept
+        chosen[last].pop()
+        if not chosen[last]:
+            del chosen[last]
+
+
+def write_explorer(path: str | Path, internals: dict[int, AttentionInternals], tokens: Sequence[str],
+                   selected: dict[int, list[int]] | None = None, **kwargs) -> Path:
+    """explorer_html(...) written to path (UTF-8); returns the path."""
+    path = Path(path)
+    path.write_text(explorer_html(internals, tokens, selected, **kwargs), encoding="utf-8")
+    return path

@@ -1,0 +1,113 @@
+"""attngpt -> the Hugging Face layout: config.json, generation_config.json and model.safetensors that
+`transformers.AutoModelForCausalLM.from_pretrained(folder)` loads as GPT2LMHeadModel or LlamaForCausalLM,
+plus whatever tokenizer files the caller hands in.
+
+A folder is written whole or not at all: everything goes into a temporary sibling folder, is fsynced, and
+is renamed into place. An existing non-empty OUT_DIR is refused, unless `force` and it is a model folder
+(holds a config.json): then it is replaced, and only once the new one is complete.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from common.errors import UserError
+from model.gpt import GPT
+from model.hf.config_map import hf_architecture, hf_config_from_model
+from model.hf.load import weights_module
+
+
+def hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
+    """The model's weights under HF names (tensors may share memory with the model's)."""
+    state = dict(model.state_dict())
+    if model.config.tie_embeddings:
+        state.pop("lm_head.weight")
+    return weights_module(hf_architecture(model.config)).to_hf(state, model.config)
+
+
+def hf_files(model: GPT, bos_id: int | None, eos_id: int | None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(tensors of model.safetensors, JSON files by name) of the HF folder equal to `model`."""
+    config = hf_config_from_model(model.config, bos_id, eos_id)
+    config["torch_dtype"] = str(model.tok_emb.weight.dtype).replace("torch.", "")  # the dtype written
+    generation = {"bos_token_id": bos_id, "eos_token_id": eos_id}
+    return hf_state_dict(model), {"config.json": config, "generation_config.json": generation}
+
+
+def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """safetensors refuses tensors that share memory (e.g. gate and up, two halves of one fc_in): copy those."""
+    seen: set[int] = set()
+    out = {}
+    for name, t in tensors.items():
+        t = t.detach().to("cpu").contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in seen:
+            t = t.clone()
+        seen.add(t.untyped_storage().data_ptr())
+        out[name] = t
+    return out
+
+
+def check_out_dir(out_dir: Path, force: bool) -> None:
+    """Refuse a target that would lose data: a file, or a non-empty folder (unless force and a model folder)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"OUT_DIR '{out_dir}' is a file: give a new folder")
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        if not force:
+            raise UserError(f"OUT_DIR '{out_dir}' exists and is not empty: give a new folder, or pass --force to "
+                            f"replace a model folder written before")
+        if not (out_dir / "config.json").is_file():
+            raise UserError(f"--force replaces only a model folder (one holding a config.json), and '{out_dir}' "
+                            f"has none: give a new folder")
+
+
+def write_model_folder(out_dir: str | Path, tensors: dict[str, torch.Tensor], json_files: dict[str, Any],
+                       raw_files: dict[str, bytes] | None = None, force: bool = False) -> Path:
+    """Write model.safetensors + JSON files + raw files into OUT_DIR atomically (module doc)."""
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    check_out_dir(out_dir, force)
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
+    old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        save_file(_unshared(tensors), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        for name, payload in json_files.items():
+            (tmp / name).write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        for name, data in (raw_files or {}).items():
+            (tmp / name).write_bytes(data)
+        for path in tmp.iterdir():
+            _fsync(path)
+        _fsync(tmp)
+        if out_dir.exists():
+            os.replace(out_dir, old)
+        os.replace(tmp, out_dir)
+        _fsync(out_dir.parent)
+    except (OSError, RuntimeError, ValueError) as e:  # disk full, permissions; safetensors raises its own types
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old.exists() and not out_dir.exists():
+            os.replace(old, out_dir)
+        reason = getattr(e, "strerror", None) or " ".join(str(e).split())[:160]
+        raise UserError(f"could not write '{out_dir}' ({reason}); nothing was changed there") from None
+    shutil.rmtree(old, ignore_errors=True)
+    return out_dir
+
+
+def _fsync(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

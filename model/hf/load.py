@@ -1,0 +1,115 @@
+"""A Hugging Face folder -> an attngpt GPT with the same weights (after the renames, transposes and RoPE
+row permutation of gpt2_weights / llama_weights), every name and shape checked against config.json first."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from common.errors import UserError
+from model.config import ModelConfig
+from model.gpt import GPT
+from model.hf import gpt2_weights, llama_weights
+from model.hf.config_map import hf_model_type, model_config_from_hf
+from model.hf.source import CONFIG, read_hf_config, read_tensors, tensor_shapes, weight_files
+
+
+def weights_module(kind: str) -> ModuleType:
+    return gpt2_weights if kind == "gpt2" else llama_weights
+
+
+def attngpt_shapes(config: ModelConfig) -> dict[str, torch.Tensor]:
+    """GPT(config)'s saved tensors as meta tensors (shapes only, no memory): names as in its checkpoints."""
+    with torch.device("meta"):
+        model = GPT(config)
+    state = dict(model.state_dict())
+    if config.tie_embeddings:
+        state.pop("lm_head.weight")
+    return state
+
+
+def expected_hf_shapes(config: ModelConfig, kind: str) -> dict[str, tuple[int, ...]]:
+    """HF name -> shape of every tensor the HF model equal to `config` stores."""
+    hf = weights_module(kind).to_hf(attngpt_shapes(config), config)
+    return {name: tuple(t.shape) for name, t in hf.items()}
+
+
+@dataclass
+class WeightPlan:
+    """What to read from a checked folder: files, stored name -> HF name, and whether a spare tied head is stored."""
+    kind: str
+    files: list[Path]
+    wanted: dict[str, str]
+    spare_head: bool
+
+
+def check_hf_weights(folder: Path, hf_config: dict[str, Any], config: ModelConfig) -> WeightPlan:
+    """Check the folder's weights against `config` (from its config.json) from the file headers alone:
+    every tensor present, none unexpected, every shape right."""
+    kind = hf_model_type(hf_config, str(folder / CONFIG))
+    module = weights_module(kind)
+    files = weight_files(folder)
+    stored = {module.normalize_name(name): (name, shape)
+              for name, (shape, _) in tensor_shapes(files).items() if not module.is_buffer(name)}
+    expected = expected_hf_shapes(config, kind)
+    spare_head = config.tie_embeddings and "lm_head.weight" in stored  # some tied checkpoints store it anyway
+    missing = sorted(set(expected) - set(stored))
+    unexpected = sorted(set(stored) - set(expected) - ({"lm_head.weight"} if spare_head else set()))
+    wrong = [f"{n} {stored[n][1]} vs {expected[n]}" for n in expected if n in stored and stored[n][1] != expected[n]]
+    if missing or unexpected or wrong:
+        details = "; ".join(filter(None, [
+            f"missing {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}" if missing else "",
+            f"unexpected {', '.join(unexpected[:3])}{' ...' if len(unexpected) > 3 else ''}" if unexpected else "",
+            f"shape {', '.join(wrong[:2])}" if wrong else ""]))
+        raise UserError(f"'{folder / CONFIG}' contradicts the weights beside it ({details}): the folder is "
+                        f"damaged or mixes two models")
+    wanted = {stored[n][0]: n for n in [*expected, *(["lm_head.weight"] if spare_head else [])]}
+    return WeightPlan(kind=kind, files=files, wanted=wanted, spare_head=spare_head)
+
+
+def read_hf_state(folder: Path, hf_config: dict[str, Any], config: ModelConfig,
+                  dtype: torch.dtype | None = torch.float32) -> dict[str, torch.Tensor]:
+    """The folder's weights under attngpt's names (checked first, see check_hf_weights); dtype None keeps
+    the stored one."""
+    plan = check_hf_weights(folder, hf_config, config)
+    hf_state = {plan.wanted[name]: t for name, t in read_tensors(plan.files, set(plan.wanted), dtype)}
+    if plan.spare_head and not torch.equal(hf_state.pop("lm_head.weight"), hf_state[_embedding_name(plan.kind)]):
+        raise UserError(f"'{folder / CONFIG}' says tie_word_embeddings=true, but the stored lm_head.weight differs "
+                        f"from the token embedding: the config contradicts the weights")
+    return weights_module(plan.kind).from_hf(hf_state, config)
+
+
+def _embedding_name(kind: str) -> str:
+    return "transformer.wte.weight" if kind == "gpt2" else "model.embed_tokens.weight"
+
+
+def build_model(config: ModelConfig, state: dict[str, torch.Tensor], device: torch.device | str = "cpu") -> GPT:
+    """GPT(config) holding exactly `state`'s tensors (no random init, no copy): built on the meta device,
+    then given the tensors."""
+    with torch.device("meta"):
+        model = GPT(config)
+    load_state(model, state, assign=True)
+    return model.to(device).eval()  # .to() also rebuilds the RoPE table off the meta device (GPT._apply)
+
+
+def load_state(model: GPT, state: dict[str, torch.Tensor], assign: bool = False) -> None:
+    """Load an attngpt state (a tied head left out) into `model`, strictly."""
+    result = model.load_state_dict(state, strict=False, assign=assign)
+    tied = {"lm_head.weight"} if model.config.tie_embeddings else set()
+    if set(result.missing_keys) - tied or result.unexpected_keys:  # a bug in the mapping, not bad input
+        raise RuntimeError(f"state does not fit the model: missing {result.missing_keys}, "
+                           f"unexpected {result.unexpected_keys}")
+    if model.config.tie_embeddings:
+        model.lm_head.weight = model.tok_emb.weight
+
+
+def load_hf_model(folder: str | Path, device: torch.device | str = "cpu",
+                  dtype: torch.dtype = torch.float32) -> tuple[GPT, dict[str, Any]]:
+    """(GPT in eval mode, the config.json dict) for a Hugging Face model folder."""
+    folder = Path(folder)
+    hf_config = read_hf_config(folder)
+    config = model_config_from_hf(hf_config, str(folder / CONFIG))
+    return build_model(config, read_hf_state(folder, hf_config, config, dtype), device), hf_config

@@ -1,0 +1,143 @@
+"""`open_pretrained(SRC)`: what a source holds (shape, tokenizer), read without its weights; then
+`.build()` for a model of its own or `.load_into(model)` for one already built (training).
+
+SRC, tried in this order:
+    an attngpt checkpoint folder, or a run's out_dir (its best/, else latest/)
+    a Hugging Face model folder (a config.json with model_type / architectures, safetensors weights)
+    a hub id (`gpt2`, `openai-community/gpt2`, `TinyLlama/TinyLlama-1.1B-Chat-v1.0`): its config, weights and
+    tokenizer files are fetched into the Hugging Face cache (or found there, also offline)
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from common.errors import UserError
+from data.hf_tokenizer import tokenizer_for_hf_folder
+from data.tokenizer import tokenizer_from_json
+from model.checkpoint import (CONFIG_FILE, WEIGHTS_FILE, CheckpointError, find_checkpoint, load_model,
+                              load_weights, read_config)
+from model.config import ModelConfig
+from model.gpt import GPT
+from model.hf.config_map import hf_model_type, model_config_from_hf
+from model.hf.load import build_model, check_hf_weights, load_state, read_hf_state
+from model.hf.source import download, is_hf_config, looks_like_hub_id, read_hf_config
+
+
+@dataclass
+class Pretrained:
+    src: str  # as the user gave it
+    kind: str  # "attngpt" | "hf"
+    folder: Path  # the checkpoint folder or the HF model folder (in the HF cache for a hub id)
+    config: ModelConfig
+    tokenizer: Any  # data.tokenizer.Tokenizer
+    hf_config: dict[str, Any] | None = None
+    remedy: str = ""  # what a damaged source's error message advises
+
+    @property
+    def label(self) -> str:
+        return self.src if self.kind == "hf" else str(self.folder)
+
+    def default_dump_dir(self) -> Path:
+        """Where sample.py --dump-attn writes by default: the checkpoint's attn/; for a Hugging Face model
+        (whose folder may be the shared hub cache) ./attn/<name> instead."""
+        if self.kind == "attngpt":
+            return self.folder / "attn"
+        name = re.sub(r"[^A-Za-z0-9._-]+", "_", self.src.strip("/")).strip("._")
+        return Path("attn") / (name or "hf")
+
+    def build(self, device: torch.device | str = "cpu", dtype: torch.dtype | None = torch.float32) -> GPT:
+        """The model with the source's weights, in eval mode; dtype None keeps the stored dtype."""
+        if self.kind == "attngpt":
+            try:
+                model, _ = load_model(self.folder, device=device)
+            except CheckpointError as e:
+                raise CheckpointError(f"{e}; {self.remedy}") from None
+            return model if dtype is None else model.to(dtype)
+        state = read_hf_state(self.folder, self.hf_config, self.config, dtype)
+        return build_model(self.config, state, device)
+
+    def load_into(self, model: GPT) -> None:
+        """Copy the source's weights into `model` (of the source's shape; dropout/attn_impl may differ)."""
+        if self.kind == "attngpt":
+            try:
+                load_weights(model, self.folder / WEIGHTS_FILE)
+            except CheckpointError as e:
+                raise CheckpointError(f"{e}; {self.remedy}") from None
+            return
+        with torch.no_grad():
+            load_state(model, read_hf_state(self.folder, self.hf_config, self.config, model.tok_emb.weight.dtype))
+
+
+def classify(path: Path) -> str | None:
+    """'attngpt' or 'hf' for a local folder holding a model, None when it holds neither."""
+    config = path / CONFIG_FILE
+    if config.is_file():
+        try:
+            payload = json.loads(config.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            return "attngpt"  # read_config then says what is wrong with it
+        return "hf" if is_hf_config(payload) else "attngpt"
+    return None
+
+
+def open_pretrained(src: str | Path, what: str = "--ckpt", hub: bool = True, remedy: str | None = None) -> Pretrained:
+    """Find and read SRC (module doc); `what` names the setting it came from, for the messages; hub=False
+    never tries the hub (a default path); `remedy` replaces the advice for a damaged checkpoint. Bad input
+    raises UserError or CheckpointError with one line."""
+    text = str(src)
+    remedy = remedy or f"pass {what} an intact checkpoint (a run's out_dir, or its best/ or latest/)"
+    path = Path(text).expanduser()
+    if path.exists() or not hub:
+        kind = classify(path)
+        if kind == "hf":
+            return _open_hf(path, text, remedy)
+        try:
+            folder = find_checkpoint(path)
+        except CheckpointError:
+            if what == "--ckpt":
+                raise  # its own message: train one first, or pass --ckpt ...
+            raise CheckpointError(f"no checkpoint or Hugging Face model at '{text}': pass {what} a run's out_dir, a "
+                                  f"checkpoint folder, a Hugging Face model folder or a hub id") from None
+        return _open_attngpt(folder, remedy)
+    if looks_like_hub_id(text):
+        return _open_hf(download(text), text, remedy)
+    if what == "--ckpt":
+        find_checkpoint(path)  # raises its own message: train one first, or pass --ckpt ...
+    raise CheckpointError(f"no checkpoint at '{text}': pass {what} a run's out_dir, a checkpoint folder, a Hugging "
+                          f"Face model folder or a hub id (e.g. gpt2)")
+
+
+def _open_attngpt(folder: Path, remedy: str) -> Pretrained:
+    try:
+        payload = read_config(folder)
+    except CheckpointError as e:
+        raise CheckpointError(f"{e}; {remedy}") from None
+    tokenizer = tokenizer_from_json(payload.get("tokenizer"), base_dir=folder,
+                                    remedy=f"the tokenizer in {folder / CONFIG_FILE} is damaged: {remedy}")
+    config = ModelConfig.from_dict(payload["model"])
+    _check_vocab(config, tokenizer, folder)
+    return Pretrained(src=str(folder), kind="attngpt", folder=folder, config=config, tokenizer=tokenizer,
+                      remedy=remedy)
+
+
+def _open_hf(folder: Path, src: str, remedy: str) -> Pretrained:
+    hf_config = read_hf_config(folder)
+    where = str(folder / CONFIG_FILE)
+    config = model_config_from_hf(hf_config, where)
+    check_hf_weights(folder, hf_config, config)  # headers only: a folder without (fitting) weights fails here
+    tokenizer = tokenizer_for_hf_folder(folder, hf_config, hf_model_type(hf_config, where), name=src)
+    _check_vocab(config, tokenizer, folder)
+    return Pretrained(src=src, kind="hf", folder=folder, config=config, tokenizer=tokenizer, hf_config=hf_config,
+                      remedy=remedy)
+
+
+def _check_vocab(config: ModelConfig, tokenizer: Any, folder: Path) -> None:
+    if tokenizer.vocab_size > config.vocab_size:
+        raise UserError(f"the tokenizer of '{folder}' has {tokenizer.vocab_size} tokens but the model only "
+                        f"{config.vocab_size}: its config and tokenizer do not belong together")
