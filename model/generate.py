@@ -115,7 +115,6 @@ def generate(
     return torch.cat(out, dim=1)
 
 
-
 def compiled_decode_step(model: GPT) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """A compiled `(token (B, 1), input_pos (1,)) -> logits (B, 1, vocab)` step through the model's KV cache.
 
@@ -127,10 +126,16 @@ def compiled_decode_step(model: GPT) -> Callable[[torch.Tensor, torch.Tensor], t
     size and cache length, so later generate() calls reuse the compiled graph too)."""
     step = model.__dict__.get("_compiled_decode")
     if step is None:
-        mode = "reduce-overhead" if model.tok_emb.weight.device.type == "cuda" else None
+        on_cpu = model.tok_emb.weight.device.type == "cpu"
 
-        def decode(token: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
-            logits, _ = model(token, input_pos=input_pos)
-            return logits
-        step = model.__dict__["_compiled_decode"] = torch.compile(decode, mode=mode, dynamic=False)
+        def decode(token: torch.Tensor, input_pos: torch.Tensor, head_columns: torch.Tensor | None) -> torch.Tensor:
+            hidden, _ = model._hidden(token, input_pos)  # (B, 1, d_model)
+            # on a CPU, the column-major head (GPT.logits) also inside the graph; passed in, so a changed
+            # weight reaches the compiled code without a recompile
+            return hidden @ head_columns if head_columns is not None else model.lm_head(hidden)
+        compiled = torch.compile(decode, mode=None if on_cpu else "reduce-overhead", dynamic=False)
+
+        def step(token: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+            return compiled(token, input_pos, model.head_columns() if on_cpu else None)
+        model.__dict__["_compiled_decode"] = step
     return step

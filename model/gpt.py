@@ -19,6 +19,9 @@ from model.norm import make_norm
 from model.rope import rope_frequencies
 
 
+HEAD_COLUMNS_MAX_ROWS = 8  # up to this many rows (decode steps of small batches) use GPT.head_columns on a CPU
+
+
 class Block(nn.Module):
     """One transformer layer: attention then MLP, each on a normalised copy of the residual stream."""
 
@@ -84,8 +87,8 @@ class GPT(nn.Module):
         (and the float32 layout eager RoPE reads as complex numbers): rebuild it, float32, on the new device
         after any such conversion. Pooled KV caches and a compiled decode step belong to the old device and
         dtype: dropped."""
-        self.__dict__.pop("_kv_pool", None)
-        self.__dict__.pop("_compiled_decode", None)
+        for cached in ("_kv_pool", "_compiled_decode", "_head_columns"):
+            self.__dict__.pop(cached, None)
         had_rope = self._buffers.pop("rope_freqs", None) is not None
         module = super()._apply(fn, *args, **kwargs)
         if had_rope:
@@ -144,11 +147,35 @@ class GPT(nn.Module):
             if targets is not None:
                 raise ValueError("last_only gives one position's logits: it cannot compute a loss over targets")
             x = x[:, -1:]  # (B, 1, d_model)
-        logits = self.lm_head(x)  # (B, T, vocab_size), or (B, 1, vocab_size) with last_only
+        logits = self.logits(x)  # (B, T, vocab_size), or (B, 1, vocab_size) with last_only
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
         return logits, loss
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Final hidden states (B, T, d_model) -> logits (B, T, vocab_size) through the LM head.
+
+        Decoding on a CPU (no grad, a handful of rows) multiplies by the head's weight stored column-major
+        instead, x @ W^T with W^T contiguous: the product then streams the vocab-wide matrix once, row after row
+        of W^T, where F.linear computes vocab_size short dot products, about twice as slow on a CPU for one row
+        (benchmarks/RESULTS.md). The same numbers in another summation order; the copy is made once and kept
+        until the weight changes (its version counter moves on any in-place update)."""
+        if x.device.type == "cpu" and not torch.is_grad_enabled() and not torch.compiler.is_compiling() \
+                and x.shape[:-1].numel() <= HEAD_COLUMNS_MAX_ROWS:
+            return x @ self.head_columns()
+        return self.lm_head(x)
+
+    def head_columns(self) -> torch.Tensor:
+        """The LM head's weight transposed and contiguous, (d_model, vocab_size): cached, rebuilt after any
+        change to the weight (a training step, load_state_dict, a cast or a move)."""
+        weight = self.lm_head.weight
+        key = (weight.data_ptr(), weight._version, weight.dtype, weight.device)
+        cached = self.__dict__.get("_head_columns")
+        if cached is None or cached[0] != key:
+            with torch.no_grad():
+                cached = self.__dict__["_head_columns"] = (key, weight.detach().t().contiguous())
+        return cached[1]
 
     @torch.no_grad()
     def attention_maps(self, idx: torch.Tensor, layers: list[int] | None = None) -> dict[int, torch.Tensor]:
