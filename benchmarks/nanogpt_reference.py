@@ -8,7 +8,7 @@ attngpt's model/, so that "Nx nanoGPT" compares against the recipe people actual
   - init: N(0, 0.02), residual projections N(0, 0.02/sqrt(2 n_layer));
   - loss: logits at every position, F.cross_entropy(ignore_index=-1);
   - AdamW with weight decay on >= 2-D weights only, `fused=True` only on CUDA: on a CPU, PyTorch's default
-    (multi-tensor foreach) implementation; fp32; eager (its CPU command line passes --compile=False);
+    for CPU tensors (the per-parameter loop); fp32; eager (its CPU command line passes --compile=False);
   - a step: loss.backward(), clip_grad_norm_(1.0), optimizer.step(), zero_grad(set_to_none=True);
   - learning rate: linear warmup then cosine decay to min_lr (its get_lr).
 `NANOGPT_CPU` is the shape and recipe of nanoGPT's README command for a CPU, `NANOGPT_CHAR` its
