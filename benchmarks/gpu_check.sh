@@ -23,15 +23,19 @@
 #   1. python -c 'import training.trainer, train, sample' with datasets and wandb absent
 #   2. re-stamp the carried prepared data for this machine (see above)
 #   3. the CUDA-marked tests: python -m pytest -q -m cuda
+#   3b. FSDP2 on the GPU at the 124M shape: configs/gpt2-124m.yaml through a single-process torchrun with
+#      train.parallel=fsdp (bf16 params, fp32 reduce), on the carried char data with model.vocab_size=50304,
+#      6 steps, one eval, a sharded (DCP) latest/ and consolidated best/ + latest/ in /tmp/fsdp-gpu; then
+#      sample.py reads the consolidated checkpoint on CUDA
 #   4. benchmarks/train_throughput.py at GPT-2 small (124M: vocab 50304, block 1024, 12 layers, 12 heads,
 #      width 768, batch 16) on CUDA: the fp32 eager reference vs attngpt in fp32 and in bf16 autocast with
-#      flash SDPA (forced: --sdpa-backend flash), eager and torch.compile'd; appended to RESULTS.md (--save)
-#   5. a short configs/small.yaml run on CUDA in bf16 (500 steps, an eval every 100) into /tmp/small-gpu,
+#      flash SDPA (forced: --sdpa-backend flash), eager and torch.compile'd, 3 repeats; appended to RESULTS.md (--save)
+#   5. a short configs/small.yaml run on CUDA in bf16 (300 steps, an eval every 100) into /tmp/small-gpu,
 #      then its val loss vs wall-clock table (benchmarks/quality_vs_time.py --metrics), appended to RESULTS.md
 #   6. benchmarks/sample_speed.py on CUDA in bf16: tokens/s with and without the KV cache at 64/256/1024 tokens
 #      of context, ms/token at positions 10 and 1000, cache bytes; appended to RESULTS.md
 #   7. torch.profiler's top 25 CUDA ops of the bf16 compiled 124M training step (for explaining where time goes)
-#   8. copy benchmarks/RESULTS.md and the small run's metrics.jsonl to $OUT
+#   8. copy benchmarks/RESULTS.md, the small run's and the FSDP run's metrics.jsonl to $OUT
 # Everything, commands included (set -x), is logged to $OUT/gpu_check.log if $OUT is set, else ./gpu_check.log.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
@@ -94,18 +98,28 @@ print("imports OK without datasets and wandb")'
     # 3. tests that need a GPU (skipped elsewhere)
     step "pytest -m cuda" 150 "$PY" -m pytest -q -m cuda -p no:cacheprovider
 
+    # 3b. FSDP2 at the 124M shape (the data section points at the carried char data: no datasets/tiktoken needed)
+    rm -rf /tmp/fsdp-gpu
+    step "fsdp 124M" 120 "$PY" -m torch.distributed.run --standalone --nproc_per_node=1 train.py \
+        configs/gpt2-124m.yaml train.parallel=fsdp data.source=tinyshakespeare data.tokenizer=char data.name=null \
+        data.config_name=null data.streaming=false data.val_fraction=0.1 data.num_proc=1 model.vocab_size=50304 \
+        train.batch_size=8 train.grad_accum=1 train.max_iters=6 train.warmup_iters=2 train.compile=false \
+        eval.interval=6 eval.iters=2 attn.layers=[0] wandb.mode=disabled out_dir=/tmp/fsdp-gpu
+    step "sample the FSDP checkpoint" 60 "$PY" sample.py --ckpt /tmp/fsdp-gpu --device cuda --prompt "ROMEO:" \
+        --max-new-tokens 32
+
     # 4. training throughput at GPT-2 small, bf16 + flash SDPA + compile vs the fp32 eager reference
     step "train_throughput 124M" 270 "$PY" benchmarks/train_throughput.py --device cuda \
         --vocab 50304 --block 1024 --batch 16 --layers 12 --heads 12 --width 768 \
         --variants reference,gpt2-sdpa-fp32,gpt2-sdpa-bf16,gpt2-sdpa-bf16-compile,modern-sdpa-bf16-compile \
-        --sdpa-backend flash --warmup 3 --steps 10 --repeats 5 --save
+        --sdpa-backend flash --warmup 3 --steps 10 --repeats 3 --save
 
     # 5. a short small.yaml run on the GPU, then its val loss vs wall-clock
     rm -rf /tmp/small-gpu
-    step "small.yaml on cuda" 150 "$PY" train.py configs/small.yaml device=cuda dtype=bfloat16 train.max_iters=500 \
+    step "small.yaml on cuda" 150 "$PY" train.py configs/small.yaml device=cuda dtype=bfloat16 train.max_iters=300 \
         eval.interval=100 wandb.mode=disabled out_dir=/tmp/small-gpu
     step "quality_vs_time table" 30 "$PY" benchmarks/quality_vs_time.py --metrics /tmp/small-gpu/metrics.jsonl \
-        --note "trained by: python train.py configs/small.yaml device=cuda dtype=bfloat16 train.max_iters=500 eval.interval=100 wandb.mode=disabled out_dir=/tmp/small-gpu"
+        --note "trained by: python train.py configs/small.yaml device=cuda dtype=bfloat16 train.max_iters=300 eval.interval=100 wandb.mode=disabled out_dir=/tmp/small-gpu"
 
     # 6. sampling speed with and without the KV cache, on the GPU
     step "sample_speed cuda bf16" 90 "$PY" benchmarks/sample_speed.py --device cuda --dtype bfloat16 --reps 2
@@ -119,6 +133,7 @@ print("imports OK without datasets and wandb")'
     if [[ "$OUT_DIR" != "." ]]; then
         cp benchmarks/RESULTS.md "$OUT_DIR/RESULTS.md" || FAILED+=("copy RESULTS.md")
         [[ -f /tmp/small-gpu/metrics.jsonl ]] && cp /tmp/small-gpu/metrics.jsonl "$OUT_DIR/small-gpu-metrics.jsonl"
+        [[ -f /tmp/fsdp-gpu/metrics.jsonl ]] && cp /tmp/fsdp-gpu/metrics.jsonl "$OUT_DIR/fsdp-gpu-metrics.jsonl"
     fi
     set +x
     echo "=== done in ${SECONDS}s; ${#FAILED[@]} step(s) failed${FAILED[*]:+: }$(IFS=';'; echo "${FAILED[*]}") ==="

@@ -46,7 +46,9 @@ class DataConfig:
     tokenizer: str = "char"
     # share of the corpus held out for validation: the last share of the text, or every k-th document
     val_fraction: float = 0.1
-    # worker processes for tokenization (datasets.map); output is identical for any value
+    # processes that encode: document corpora, one part (a streamed corpus's file, or 100K documents) at a
+    # time each (data/sharded.py); a continuous text, its pieces through datasets.map. The tokens are
+    # identical for any value
     num_proc: int = 1
     # source hub: read at most this many documents (a cap for huge or streamed corpora); null = all
     max_docs: int | None = None

@@ -1,8 +1,11 @@
-"""Random training windows from a token bin, reproducible and resumable.
+"""Random training windows from a split's token shards, reproducible and resumable.
 
 Why this shape: like nanoGPT's get_batch, each batch is `batch_size` windows of `block_size + 1` tokens at
-uniformly random offsets of one flat token file; `x` is a window's first block_size tokens and `y` the same
+uniformly random offsets of one flat token stream; `x` is a window's first block_size tokens and `y` the same
 window shifted by one (the next-token targets). On top of that:
+- Shards: the stream is the split's shard files read in order as one (data/shards.py); a window may
+  straddle two shards and is read exactly as from a single file, so the batches of a seed do not depend
+  on how the split is sharded (a one-file split gives nanoGPT-style offsets into that file).
 - Determinism: the offsets of global batch number g come from a PCG64 generator seeded by (seed, split, g),
   so a seed fixes the whole stream and train and val streams differ.
 - DDP: rank r of world_size W draws global batches r, r + W, r + 2W, ...: every rank draws its own
@@ -10,36 +13,45 @@ window shifted by one (the next-token targets). On top of that:
   micro-batches sees in the same step (so their losses agree, tests/test_ddp.py).
 - Resumption: the position in the stream is one number, the batches drawn (`state_dict()`, plain JSON);
   `load_state_dict()` continues exactly where the saved run was.
-- The memmap is re-opened for every batch (as nanoGPT does): a long-lived np.memmap keeps every page it
+- The memmaps are re-opened for every batch (as nanoGPT does): a long-lived np.memmap keeps every page it
   ever touched mapped, which shows up as ever-growing memory on big corpora.
+- Ids: with `vocab_size` given, every batch is checked to hold only ids below it before it leaves here
+  (a max over B*(T+1) ids), so a damaged shard stops the run with one line instead of reaching the
+  embedding.
 On CUDA, batches go through pinned memory and are copied with non_blocking=True.
 
 This is the one module of data/ that needs torch (it hands tensors to the training loop).
 """
 from __future__ import annotations
 
+import re
 import zlib
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
 
 from common.errors import UserError
+from data.shards import Shard, TokenStream
 
 
 class BatchLoader:
-    """Draws (x, y) int64 batches of shape (batch_size, block_size) from one split's token bin."""
+    """Draws (x, y) int64 batches of shape (batch_size, block_size) from one split's token shards
+    (`source`: one token file, or the split's shard files in order)."""
 
-    def __init__(self, path: str | Path, dtype: np.dtype | str | type, block_size: int, batch_size: int, seed: int,
-                 rank: int = 0, world_size: int = 1, device: str | torch.device = "cpu",
-                 split: str | None = None) -> None:
-        self.path = Path(path)
+    def __init__(self, source: str | Path | Sequence[str | Path], dtype: np.dtype | str | type, block_size: int,
+                 batch_size: int, seed: int, rank: int = 0, world_size: int = 1, device: str | torch.device = "cpu",
+                 split: str | None = None, vocab_size: int | None = None) -> None:
+        self.paths = [Path(source)] if isinstance(source, (str, Path)) else [Path(p) for p in source]
+        self.path = self.paths[0] if self.paths else Path()
         self.dtype = np.dtype(dtype)
         self.block_size = int(block_size)
         self.batch_size = int(batch_size)
         self.seed, self.rank, self.world_size = int(seed), int(rank), int(world_size)
-        self.split = split if split is not None else self.path.stem  # "train" / "val"
+        # "train" / "val" from train.bin or train_00000.bin
+        self.split = split if split is not None else re.sub(r"_\d+$", "", self.path.stem)
+        self.vocab_size = vocab_size
         self.device = torch.device(device)
         if self.block_size < 1 or self.batch_size < 1:
             raise UserError(f"block_size and batch_size must be at least 1, got {self.block_size} and {self.batch_size}")
@@ -47,15 +59,22 @@ class BatchLoader:
             raise UserError(f"seed must be a non-negative integer, got {self.seed}")
         if not 0 <= self.rank < self.world_size:
             raise UserError(f"rank {self.rank} is outside world_size {self.world_size}")
-        if not self.path.is_file():
-            raise UserError(f"token file '{self.path}' not found: run `python -m data.prepare CONFIG` first")
-        n_bytes = self.path.stat().st_size
-        if n_bytes % self.dtype.itemsize:
-            raise UserError(f"token file '{self.path}' is {n_bytes} bytes, not a whole number of {self.dtype.name} "
-                            f"tokens: prepare the data again")
-        self.n_tokens = n_bytes // self.dtype.itemsize
+        if not self.paths:
+            raise UserError("no token files given: run `python -m data.prepare CONFIG` first")
+        shards = []
+        for path in self.paths:
+            if not path.is_file():
+                raise UserError(f"token file '{path}' not found: run `python -m data.prepare CONFIG` first")
+            n_bytes = path.stat().st_size
+            if n_bytes % self.dtype.itemsize:
+                raise UserError(f"token file '{path}' is {n_bytes} bytes, not a whole number of {self.dtype.name} "
+                                f"tokens: prepare the data again")
+            shards.append(Shard(path, n_bytes // self.dtype.itemsize))
+        self.stream = TokenStream(shards, self.dtype)
+        self.n_tokens = self.stream.n_tokens
         if self.n_tokens < self.block_size + 1:
-            raise UserError(f"'{self.path}' has {self.n_tokens} tokens, fewer than block_size + 1 = "
+            where = f"'{self.path}'" if len(self.paths) == 1 else f"the {len(self.paths)} {self.split} shards"
+            raise UserError(f"{where} has {self.n_tokens} tokens, fewer than block_size + 1 = "
                             f"{self.block_size + 1}: lower block_size, or use more data / a larger val_fraction")
         self._split_key = zlib.crc32(self.split.encode("utf-8"))  # stable across runs, unlike hash()
         self.batches_drawn = 0
@@ -66,12 +85,13 @@ class BatchLoader:
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """x, y: (batch_size, block_size) int64 on `device`; y[b, t] is the token after x[b, t]."""
-        tokens = np.memmap(self.path, dtype=self.dtype, mode="r")  # (n_tokens,)
         rng = self._rng_for(self.batches_drawn * self.world_size + self.rank)
         starts = rng.integers(0, self.n_tokens - self.block_size, size=self.batch_size)  # (B,)
-        offsets = starts[:, None] + np.arange(self.block_size + 1)  # (B, T+1)
-        windows = tokens[offsets].astype(np.int64)  # (B, T+1)
-        del tokens
+        windows = self.stream.windows(starts, self.block_size + 1).astype(np.int64)  # (B, T+1)
+        if self.vocab_size is not None and int(windows.max()) >= self.vocab_size:
+            raise UserError(f"the {self.split} data holds token id {int(windows.max())}, but the tokenizer has only "
+                            f"{self.vocab_size} ids: the prepared folder of '{self.path}' is damaged; prepare it "
+                            f"again with `python -m data.prepare CONFIG --force`")
         self.batches_drawn += 1
         x = torch.from_numpy(np.ascontiguousarray(windows[:, :-1]))  # (B, T)
         y = torch.from_numpy(np.ascontiguousarray(windows[:, 1:]))  # (B, T)

@@ -1,15 +1,16 @@
-"""Rows to bins: the passes that turn a corpus's rows into train.bin and val.bin with bounded memory.
+"""Rows to shards: encoding a continuous text, and the helpers every encoding pass shares.
 
 Why passes: a character vocabulary must be known before anything is encoded, and nanoGPT's character split
 needs the corpus length, so a continuous text is scanned once (counting characters, collecting the
-character set, and noting where the safe cuts are) before it is encoded. Documents need that first pass
-only for a char vocabulary; with BPE they are encoded straight away.
+character set, and noting where the safe cuts are) before it is encoded.
 
-Encoding runs through `Dataset.map(batched=True, num_proc=N)` (one process per shard; output order and
-content do not depend on N), writing token lists to an Arrow file in the work folder, which is then copied
-in order, a batch at a time, onto the two flat bin files. A streamed corpus (`IterableDataset`) cannot be
-sharded that way: it is read a batch at a time and encoded in this process. Nothing ever holds more than
-one batch (or one ~256K-character piece) of text in memory.
+A continuous text (tinyshakespeare, local text files) is encoded through `Dataset.map(batched=True,
+num_proc=N)` over its pieces (one process per shard of pieces; output order and content do not depend on
+N), writing token lists to an Arrow file in the work folder, which is then copied in order onto the split's
+token shards (`ShardWriter`). A streamed text is read a piece at a time and encoded in this process.
+Nothing ever holds more than one batch (or one ~256K-character piece) of text in memory. An interrupted
+text prepare starts over: corpora that take long to encode are document corpora (jsonl, parquet, the
+hub), which data/sharded.py encodes part by part, in parallel and resumably.
 
 Documents are each followed by a separator so the model sees where one ends: `<|endoftext|>` with BPE,
 a line break with the char tokenizer (which has no special tokens).
@@ -28,12 +29,14 @@ from tqdm import tqdm
 
 from common.errors import UserError
 from data.sources import Corpus, read_errors
-from data.splitting import group_rows, split_piece, text_split_point, val_document_count, val_document_mask
+from data.shards import shard_name
+from data.splitting import group_rows, split_piece, text_split_point
 from data.tokenizer import CharTokenizer, HFTokenizer, TiktokenTokenizer, tokenizer_from_json
 
 AnyTokenizer = CharTokenizer | TiktokenTokenizer | HFTokenizer
 CHAR_DOC_SEPARATOR = "\n"
-DOC_BATCH = 1000  # documents per map batch
+DOC_BATCH = 1000  # documents encoded at a time
+SHARD_TOKENS = 100_000_000  # a continuous text's shards hold at most this many tokens
 TEXT_BATCH = 10_000  # rows (lines) per read during a scan
 
 
@@ -51,26 +54,69 @@ class BinCounts:
     characters: int = 0
 
 
-class BinWriter:
-    """Appends token ids to train.bin and val.bin; `close` flushes and fsyncs them."""
+def write_ids(path: Path, ids: np.ndarray) -> None:
+    """Write one whole token file: to a temp name, fsynced, then renamed (never seen half-written)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        ids.tofile(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
-    def __init__(self, paths: dict[str, Path], dtype: np.dtype) -> None:
+
+class ShardWriter:
+    """Appends ids to one split's shards in `folder` (train_00000.bin, ...), starting a new shard once one
+    holds `shard_tokens`; `close` fsyncs and returns meta.json's entries {file, tokens, max_id}."""
+
+    def __init__(self, folder: Path, split: str, dtype: np.dtype, shard_tokens: int | None = None) -> None:
+        self.folder, self.split, self.dtype, self.shard_tokens = folder, split, dtype, shard_tokens
+        self.entries: list[dict[str, Any]] = []
+        self.file: Any = None
+        self.tokens = 0  # in all shards
+
+    def write(self, ids: Any) -> None:
+        arr = np.asarray(ids).astype(self.dtype, copy=False)  # (n,)
+        while arr.size:
+            if self.file is None:
+                name = shard_name(self.split, len(self.entries))
+                self.file = open(self.folder / name, "wb")
+                self.entries.append({"file": name, "tokens": 0, "max_id": -1})
+            entry = self.entries[-1]
+            room = arr.size if self.shard_tokens is None else self.shard_tokens - entry["tokens"]
+            head, arr = arr[:room], arr[room:]
+            head.tofile(self.file)
+            entry["tokens"] += int(head.size)
+            entry["max_id"] = max(entry["max_id"], int(head.max()))
+            self.tokens += int(head.size)
+            if self.shard_tokens is not None and entry["tokens"] >= self.shard_tokens:
+                self._finish()
+
+    def _finish(self) -> None:
+        if self.file is not None and not self.file.closed:
+            self.file.flush()
+            os.fsync(self.file.fileno())
+            self.file.close()
+        self.file = None
+
+    def close(self) -> list[dict[str, Any]]:
+        self._finish()
+        return self.entries
+
+
+class SplitWriters:
+    """A ShardWriter per split, with the counts of what was written."""
+
+    def __init__(self, folder: Path, dtype: np.dtype, shard_tokens: int | None = None) -> None:
         self.dtype = dtype
-        self.files = {split: open(path, "wb") for split, path in paths.items()}
+        self.writers = {split: ShardWriter(folder, split, dtype, shard_tokens) for split in ("train", "val")}
         self.counts = BinCounts()
 
     def write(self, split: str, ids: Any) -> None:
-        arr = np.asarray(ids).astype(self.dtype, copy=False)  # (n,)
-        if arr.size:
-            arr.tofile(self.files[split])
-            self.counts.tokens[split] += int(arr.size)
+        self.writers[split].write(ids)
+        self.counts.tokens[split] = self.writers[split].tokens
 
-    def close(self) -> None:
-        for f in self.files.values():
-            if not f.closed:
-                f.flush()
-                os.fsync(f.fileno())
-                f.close()
+    def close(self) -> dict[str, list[dict[str, Any]]]:
+        return {split: writer.close() for split, writer in self.writers.items()}
 
 
 # --- encoding functions (run inside datasets.map workers, so they rebuild the tokenizer from JSON) ---------
@@ -95,8 +141,16 @@ def encode_documents(tok: AnyTokenizer, texts: list[str | None]) -> list[Any]:
     texts = [t or "" for t in texts]
     if isinstance(tok, CharTokenizer):
         return [tok.encode_array(t + CHAR_DOC_SEPARATOR) if t else [] for t in texts]
-    encoded = tok.encode_batch(texts)
-    return [ids + [tok.eot] if t else [] for ids, t in zip(encoded, texts)]
+    # one tiktoken call per document: its batch call, even with one thread, hands every document to a
+    # thread pool and back, which costs ~3x the encoding itself on documents of a few KB
+    eot = tok.eot
+    out: list[Any] = []
+    for text in texts:
+        ids = tok.encode(text) if text else []
+        if ids:
+            ids.append(eot)
+        out.append(ids)
+    return out
 
 
 def _ids(ids: Any) -> np.ndarray:
@@ -113,16 +167,6 @@ def _encode_text_ranges(batch: dict[str, list], lines: Any, tokenizer: dict, spl
         train.append(_ids(encode_text(tok, train_text)))
         val.append(_ids(encode_text(tok, val_text)))
     return {"train": train, "val": val}
-
-
-def _encode_document_batch(batch: dict[str, list], indices: list[int], tokenizer: dict,
-                           val_fraction: float) -> dict[str, list]:
-    tok = _tokenizer(tokenizer)
-    is_val = val_document_mask(np.asarray(indices), val_fraction)  # (B,)
-    encoded = [_ids(ids) for ids in encode_documents(tok, batch["text"])]
-    empty = _ids([])
-    return {"train": [empty if v else ids for ids, v in zip(encoded, is_val)],
-            "val": [ids if v else empty for ids, v in zip(encoded, is_val)]}
 
 
 # --- the passes ------------------------------------------------------------------------------------------
@@ -163,10 +207,11 @@ def datasets_progress(enabled: bool) -> Iterator[None]:
             datasets.enable_progress_bars()
 
 
-def write_bins(corpus: Corpus, rows: Any, tokenizer_name: str, val_fraction: float, work_dir: Path,
-               num_proc: int = 1, quiet: bool = False,
-               fixed: AnyTokenizer | None = None) -> tuple[AnyTokenizer, BinCounts]:
-    """Encode `rows` (a Dataset or IterableDataset with a "text" column) into work_dir/{train,val}.bin.
+def write_text_shards(corpus: Corpus, rows: Any, tokenizer_name: str, val_fraction: float, work_dir: Path,
+                      num_proc: int = 1, quiet: bool = False, fixed: AnyTokenizer | None = None
+                      ) -> tuple[AnyTokenizer, BinCounts, dict[str, list[dict[str, Any]]]]:
+    """Encode a continuous text (`rows`: a Dataset or IterableDataset of lines in a "text" column) into
+    token shards in work_dir. Returns the tokenizer, the counts, and meta.json's shard entries per split.
     fixed: encode with this tokenizer (a pretrained model's) instead of the one tokenizer_name names; a fixed
     char vocabulary is kept as it is (text outside it is refused), not rebuilt from the corpus."""
     if fixed is not None:
@@ -175,14 +220,12 @@ def write_bins(corpus: Corpus, rows: Any, tokenizer_name: str, val_fraction: flo
         bpe = TiktokenTokenizer(tokenizer_name) if tokenizer_name != "char" else None
     chars = fixed if isinstance(fixed, CharTokenizer) else None
     with read_errors(corpus):
-        if corpus.kind == "text":
-            return _write_text(corpus, rows, bpe, val_fraction, work_dir, num_proc, quiet, chars)
-        return _write_documents(corpus, rows, bpe, val_fraction, work_dir, num_proc, quiet, chars)
+        return _write_text(corpus, rows, bpe, val_fraction, work_dir, num_proc, quiet, chars)
 
 
 def _write_text(corpus: Corpus, rows: Any, bpe: TiktokenTokenizer | HFTokenizer | None, val_fraction: float,
-                work_dir: Path, num_proc: int, quiet: bool,
-                fixed_chars: CharTokenizer | None = None) -> tuple[AnyTokenizer, BinCounts]:
+                work_dir: Path, num_proc: int, quiet: bool, fixed_chars: CharTokenizer | None = None
+                ) -> tuple[AnyTokenizer, BinCounts, dict[str, list[dict[str, Any]]]]:
     streaming = _is_streaming(rows)
     # pass 1: length, character set and piece boundaries
     chars: set[str] = set()
@@ -205,7 +248,7 @@ def _write_text(corpus: Corpus, rows: Any, bpe: TiktokenTokenizer | HFTokenizer 
         raise UserError(f"the corpus {corpus.description} has only {total} characters: too few for a train and a "
                         f"val split with val_fraction {val_fraction}; use more text")
     tok: AnyTokenizer = bpe if bpe is not None else fixed_chars or CharTokenizer("".join(chars))
-    writer = _open_writer(work_dir, tok)
+    writer = SplitWriters(work_dir, bin_dtype(tok.vocab_size), SHARD_TOKENS)
     try:
         # pass 2: encode each piece (train part / val part) and append
         if streaming:
@@ -224,64 +267,10 @@ def _write_text(corpus: Corpus, rows: Any, bpe: TiktokenTokenizer | HFTokenizer 
                                 **_map_kwargs(work_dir, writer.dtype, num_proc, table.column_names))
             _copy_encoded(encoded, writer, batch_size=4, quiet=quiet)
     finally:
-        writer.close()
+        shards = writer.close()
     writer.counts.characters = total
     writer.counts.documents = {}  # one continuous text: pieces are not documents
-    return tok, writer.counts
-
-
-def _write_documents(corpus: Corpus, rows: Any, bpe: TiktokenTokenizer | HFTokenizer | None, val_fraction: float,
-                     work_dir: Path, num_proc: int, quiet: bool,
-                     fixed_chars: CharTokenizer | None = None) -> tuple[AnyTokenizer, BinCounts]:
-    streaming = _is_streaming(rows)
-    if fixed_chars is not None:
-        tok: AnyTokenizer = fixed_chars
-    elif bpe is None:  # pass 1 (char only): the character set
-        chars = {CHAR_DOC_SEPARATOR}
-        with tqdm(desc="scan documents", unit="doc", unit_scale=True, disable=quiet) as bar:
-            for batch in iter_text_batches(rows, DOC_BATCH):
-                for text in batch:
-                    chars.update(text)
-                bar.update(len(batch))
-        tok = CharTokenizer("".join(chars))
-    else:
-        tok = bpe
-    writer = _open_writer(work_dir, tok)
-    n_docs = 0
-    try:
-        if streaming:
-            with tqdm(desc="encode documents", unit="doc", unit_scale=True, disable=quiet) as bar:
-                for batch in iter_text_batches(rows, DOC_BATCH):
-                    out = _encode_document_batch({"text": batch}, list(range(n_docs, n_docs + len(batch))),
-                                                 tok.to_json(), val_fraction)
-                    for split in ("train", "val"):
-                        for ids in out[split]:
-                            writer.counts.documents[split] += len(ids) > 0
-                            writer.write(split, ids)
-                    n_docs += len(batch)
-                    bar.update(len(batch))
-        else:
-            n_docs = len(rows)
-            encoded = rows.map(_encode_document_batch, batched=True, batch_size=DOC_BATCH, with_indices=True,
-                               fn_kwargs={"tokenizer": tok.to_json(), "val_fraction": val_fraction},
-                               **_map_kwargs(work_dir, writer.dtype, num_proc, rows.column_names))
-            _copy_encoded(encoded, writer, batch_size=DOC_BATCH, quiet=quiet)
-    finally:
-        writer.close()
-    counts = writer.counts
-    if counts.documents["train"] + counts.documents["val"] == 0:
-        raise UserError(f"the corpus {corpus.description} is empty: its {n_docs} document(s) hold no text")
-    if counts.documents["val"] == 0:
-        raise UserError(f"val split is empty: val_fraction {val_fraction} of {n_docs} document(s) puts none in val "
-                        f"(it takes {val_document_count(n_docs, val_fraction)}); raise data.val_fraction to at least "
-                        f"{1 / max(n_docs, 1):.3g}, or use more documents")
-    if counts.documents["train"] == 0:
-        raise UserError(f"train split is empty: lower data.val_fraction ({val_fraction}) or use more documents")
-    return tok, counts
-
-
-def _open_writer(work_dir: Path, tok: AnyTokenizer) -> BinWriter:
-    return BinWriter({"train": work_dir / "train.bin", "val": work_dir / "val.bin"}, bin_dtype(tok.vocab_size))
+    return tok, writer.counts, shards
 
 
 def _map_kwargs(work_dir: Path, dtype: np.dtype, num_proc: int, input_columns: list[str]) -> dict[str, Any]:
@@ -295,11 +284,11 @@ def _map_kwargs(work_dir: Path, dtype: np.dtype, num_proc: int, input_columns: l
             "desc": "encode"}
 
 
-def _copy_encoded(encoded: Any, writer: BinWriter, batch_size: int, quiet: bool) -> None:
-    """Append the map output's token lists, in row order, to the bin files (zero-copy from Arrow)."""
+def _copy_encoded(encoded: Any, writer: SplitWriters, batch_size: int, quiet: bool) -> None:
+    """Append the map output's token lists, in row order, to the shards (zero-copy from Arrow)."""
     import pyarrow.compute as pc
 
-    with tqdm(total=len(encoded), desc="write bins", unit="row", unit_scale=True, disable=quiet) as bar:
+    with tqdm(total=len(encoded), desc="write shards", unit="row", unit_scale=True, disable=quiet) as bar:
         for table in encoded.with_format("arrow").iter(batch_size=batch_size):
             for split in ("train", "val"):
                 column = table.column(split)

@@ -1,7 +1,7 @@
 """Where text comes from: the data folder, the tinyshakespeare preset, local text files and `datasets` sources.
 
-Why this module: everything that touches the outside world before tokenization lives here — finding and
-stat-ing files (for the prepare fingerprint), the one download we do ourselves, and the single
+Why this module: everything that touches the outside world before tokenization lives here — finding,
+sizing and sampling files (for the prepare fingerprint), the one download we do ourselves, and the single
 `datasets.load_dataset(name, config, data_files=..., split=..., streaming=...)` call that reads local text,
 local parquet/json/csv and hub datasets alike — together with turning their many failure modes into one
 `UserError` line.
@@ -43,7 +43,8 @@ from data.config import DataConfig
 
 DATA_DIR_ENV = "ATTNGPT_DATA_DIR"
 TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
-# `datasets` builders that read local files given in data_files (their sizes/mtimes go in the fingerprint)
+# `datasets` builders that read local files given in data_files (their names, sizes and sampled hashes go
+# in the fingerprint, see _stats)
 LOCAL_BUILDERS = ("parquet", "json", "csv", "text", "arrow")
 
 
@@ -109,7 +110,7 @@ class Corpus:
     label: str  # short name for the prepared folder, e.g. "tinyshakespeare"
     description: str  # one line for meta.json and messages
     identity: dict[str, Any]  # JSON: which corpus this is (goes into the folder name and the fingerprint)
-    file_stats: list[list[Any]] = field(default_factory=list)  # [path, size, mtime_ns] of local files
+    file_stats: list[list[Any]] = field(default_factory=list)  # [name, size, sample hash] of local files
     load_kwargs: dict[str, Any] = field(default_factory=dict)  # for datasets.load_dataset
     local_files: list[Path] = field(default_factory=list)  # for UTF-8 diagnosis
     remote: bool = False  # a hub dataset: its download cache is kept in the data folder
@@ -212,11 +213,14 @@ def content_hash(obj: Any) -> str:
 
 # --- loading through `datasets` ---------------------------------------------------------------------------
 
-def load_rows(corpus: Corpus, cache_dir: Path) -> Any:
-    """The corpus as a `datasets` Dataset (or IterableDataset when streaming) with one string column "text"."""
+def load_rows(corpus: Corpus, cache_dir: Path, num_proc: int = 1) -> Any:
+    """The corpus as a `datasets` Dataset (or IterableDataset when streaming) with one string column "text".
+    num_proc > 1 lets `datasets` download and convert a non-streamed document corpus's files in parallel."""
     import datasets
 
     kwargs = dict(corpus.load_kwargs, cache_dir=str(cache_dir), streaming=corpus.streaming)
+    if num_proc > 1 and not corpus.streaming and corpus.kind == "documents":
+        kwargs["num_proc"] = num_proc
     if corpus.kind == "text":
         kwargs["features"] = datasets.Features({"text": datasets.Value("string")})
     with load_errors(corpus):

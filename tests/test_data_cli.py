@@ -37,7 +37,8 @@ def test_prepares_the_data_section_and_reports_counts(tmp_path: Path) -> None:
     config = f"model:\n  block_size: 16\n  n_layer: 99\ntrain:\n  anything: goes\ndata:\n  source: text\n  path: {corpus}\n"
     result = run_prepare(tmp_path, config, "data.val_fraction=0.2", "train.max_iters=5", "--quiet")
     assert result.returncode == 0, result.stderr
-    assert "train.bin: 880 tokens" in result.stdout and "val.bin:   220 tokens" in result.stdout
+    assert "train:     880 tokens in 1 shard (train_00000.bin)" in result.stdout
+    assert "val:       220 tokens in 1 shard (val_00000.bin)" in result.stdout
     again = run_prepare(tmp_path, config, "data.val_fraction=0.2", "--quiet")
     assert again.stdout.startswith("reused ")
 

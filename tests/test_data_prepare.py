@@ -47,7 +47,8 @@ def cfg(**raw: object) -> DataConfig:
 
 
 def tokens(prepared, split: str) -> list[int]:
-    return np.fromfile(prepared.split_path(split), dtype=prepared.dtype).tolist()
+    stream = prepared.stream(split)
+    return stream.read(0, stream.n_tokens).tolist()
 
 
 DOCS = [f"Story {i}: the fox number {i} jumped over {i % 7} lazy dogs." for i in range(40)]
@@ -88,10 +89,10 @@ def test_tinyshakespeare_gpt2_counts_equal_the_tokenizers(shakespeare: str) -> N
 
 def test_unchanged_source_is_reused_and_a_changed_one_prepared_again(shakespeare: str, data_dir: Path) -> None:
     first = prepare_data(cfg(), quiet=True)
-    mtime = first.train_path.stat().st_mtime_ns
+    mtime = first.split_paths('train')[0].stat().st_mtime_ns
     again = prepare_data(cfg(), quiet=True)
     assert again.reused and not first.reused
-    assert again.train_path.stat().st_mtime_ns == mtime
+    assert again.split_paths('train')[0].stat().st_mtime_ns == mtime
     (data_dir / "tinyshakespeare" / "input.txt").write_text(shakespeare[:50000], encoding="utf-8")
     changed = prepare_data(cfg(), quiet=True)
     assert not changed.reused and changed.dir == first.dir
@@ -215,7 +216,7 @@ def test_missing_meta_means_prepare_again(data_dir: Path, tmp_path: Path) -> Non
     first = prepare_data(_text_cfg(tmp_path), quiet=True)
     (first.dir / "meta.json").unlink()
     (first.dir / ".work").mkdir()
-    (first.dir / ".work" / "train.bin").write_bytes(b"\0" * 7)  # debris of a killed run
+    (first.dir / ".work" / "train_00000.bin").write_bytes(b"\0" * 7)  # debris of a killed run
     again = prepare_data(_text_cfg(tmp_path), quiet=True)
     assert not again.reused and (again.dir / "meta.json").is_file()
     assert not (again.dir / ".work").exists()
@@ -224,12 +225,12 @@ def test_missing_meta_means_prepare_again(data_dir: Path, tmp_path: Path) -> Non
 
 def test_truncated_bin_is_not_trusted(data_dir: Path, tmp_path: Path) -> None:
     first = prepare_data(_text_cfg(tmp_path), quiet=True)
-    with open(first.train_path, "r+b") as f:
+    with open(first.split_paths('train')[0], "r+b") as f:
         f.truncate(10)
     with pytest.raises(UserError, match="does not hold"):
         load_prepared(first.dir)
     again = prepare_data(_text_cfg(tmp_path), quiet=True)
-    assert not again.reused and again.train_path.stat().st_size == first.train_tokens * 2
+    assert not again.reused and again.split_paths('train')[0].stat().st_size == first.train_tokens * 2
 
 
 def test_interrupt_during_encoding_leaves_nothing_trusted(data_dir: Path, tmp_path: Path,
@@ -238,10 +239,10 @@ def test_interrupt_during_encoding_leaves_nothing_trusted(data_dir: Path, tmp_pa
     (tmp_path / "t.txt").write_text("other words now.\n" * 120, encoding="utf-8")
 
     def killed(*args, **kwargs):
-        (args[4] / "train.bin").write_bytes(b"\1\0" * 5)  # half-written output in the work folder
+        (args[4] / "train_00000.bin").write_bytes(b"\1\0" * 5)  # half-written output in the work folder
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("data.prepare.write_bins", killed)
+    monkeypatch.setattr("data.prepare.write_text_shards", killed)
     with pytest.raises(KeyboardInterrupt):
         prepare_data(_text_cfg(tmp_path), quiet=True)
     assert not (first.dir / "meta.json").exists() and not (first.dir / ".work").exists()
@@ -328,5 +329,5 @@ def test_a_vocabulary_past_uint16_is_stored_as_uint32(data_dir: Path, tmp_path: 
     (tmp_path / "wide.txt").write_text(text, encoding="utf-8")
     prepared = prepare_data(cfg(source="text", path=str(tmp_path / "wide.txt")), quiet=True)
     assert prepared.tokenizer.vocab_size == len(chars) + 1 and prepared.dtype == np.uint32
-    assert prepared.train_path.stat().st_size == 4 * prepared.train_tokens
+    assert prepared.split_paths('train')[0].stat().st_size == 4 * prepared.train_tokens
     assert prepared.tokenizer.decode(tokens(prepared, "train") + tokens(prepared, "val")) == text

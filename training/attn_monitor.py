@@ -16,7 +16,6 @@ import csv
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from data.prepare import PreparedData
@@ -43,8 +42,7 @@ def probe_ids(cfg: RunConfig, prepared: PreparedData, block_size: int) -> list[i
         if not ids:
             raise ValueError("attn.probe_text encodes to no tokens")
         return ids[:block_size]
-    val = np.memmap(prepared.split_path("val"), dtype=prepared.dtype, mode="r")
-    return [int(t) for t in val[:block_size]]
+    return [int(t) for t in prepared.stream("val").read(0, block_size)]
 
 
 class AttentionMonitor:

@@ -49,6 +49,9 @@ class TrainConfig:
     # the starting weights: scratch (random init), or a pretrained model's -- an attngpt checkpoint or run out_dir,
     # a Hugging Face model folder or hub id (gpt2, a Llama-family id); its shape and tokenizer come with it
     init_from: str = "scratch"
+    # processes under torchrun: ddp (every process holds the whole model) or fsdp (parameters, gradients and
+    # AdamW state sharded across processes: FSDP2, training/parallel.py)
+    parallel: Literal["ddp", "fsdp"] = "ddp"
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "grad_accum", "max_iters", "log_interval"):

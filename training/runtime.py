@@ -73,7 +73,7 @@ def setup_runtime(device_name: str, dtype: str) -> Runtime:
 
 
 def teardown_runtime(rt: Runtime) -> None:
-    if rt.ddp and dist.is_initialized():
+    if dist.is_initialized():  # torchrun's group, or the one-process group of an FSDP run
         dist.destroy_process_group()
 
 

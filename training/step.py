@@ -31,7 +31,9 @@ def accumulate_gradients(model: nn.Module, params_model: nn.Module, next_batch: 
     for micro in range(grad_accum):
         x, y = next_batch()
         last = micro == grad_accum - 1
-        sync = model.no_sync() if (rt.ddp and not last) else nullcontext()
+        # DDP all-reduces on the last micro-batch only; FSDP (no no_sync) reduce-scatters after every one, so
+        # gradients accumulate sharded and in fp32 (training/parallel.py)
+        sync = model.no_sync() if (rt.ddp and not last and hasattr(model, "no_sync")) else nullcontext()
         with sync:
             with rt.autocast():
                 _, loss = model(x, y)
@@ -42,6 +44,8 @@ def accumulate_gradients(model: nn.Module, params_model: nn.Module, next_batch: 
         for opt in optimizers.optimizers:
             scaler.unscale_(opt)  # clip the true gradients, not the scaled ones
     grad_norm = torch.nn.utils.clip_grad_norm_(params_model.parameters(), grad_clip or math.inf)
+    if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor norm over the shards; the whole value, on every rank
+        grad_norm = grad_norm.full_tensor()
     return loss_sum, grad_norm
 
 

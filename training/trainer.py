@@ -24,10 +24,12 @@ from model.config import ModelConfig
 from model.gpt import GPT
 from training.checkpoint import BEST, LATEST, STATE_FILE, checkpoint_dir, load_train_state, save_checkpoint
 from training.config import RunConfig, config_to_yaml
+from training.dist_checkpoint import STATE_FILE as FSDP_STATE_FILE, load_sharded, save_sharded
 from training.evaluate import evaluate
 from training.init_from import init_model_config, init_source
 from training.logger import RunLogger
 from training.optim import Optimizers, build_optimizers, lr_factor
+from training.parallel import MonitorFollower, agreed_stop, is_sharded, shard_model
 from training.step import accumulate_gradients, apply_gradients
 from training.stop import StopRequested
 from training.autotune import Choice, choose, needs_measurement, save_choice, saved_choice
@@ -115,12 +117,30 @@ class Run:
     peak_flops: float = 1.0
 
     def save(self, step_done: int) -> None:
-        """Write latest/ with everything a resume needs (main process only)."""
+        """Write latest/ with everything a resume needs (main process only; every process under FSDP)."""
+        if self.cfg.train.parallel == "fsdp":
+            save_sharded(self.out_dir, LATEST, self.raw_model, self.optimizers, self.extra, self.rt,
+                         {"step": step_done, "best_val": self.result.best_val, "loader": self.loader.state_dict(),
+                          "skipped_steps": self.result.skipped_steps}, files=self.files)
+            return
+        loaders = [self.loader.state_dict()] * self.rt.world_size  # each process's own position in the data
+        if self.rt.ddp:
+            dist.all_gather_object(loaders, self.loader.state_dict())
         if not self.rt.is_main:
             return
         state = {"step": step_done, "best_val": self.result.best_val, "skipped_steps": self.result.skipped_steps,
-                 "optimizer": self.optimizers.state_dict(), "loader": self.loader.state_dict(), "rng": rng_state()}
+                 "optimizer": self.optimizers.state_dict(), "loader": loaders[0], "loaders": loaders,
+                 "rng": rng_state()}
         save_checkpoint(self.out_dir, LATEST, self.raw_model, self.extra, state, files=self.files)
+
+    def save_best(self, step: int, val_loss: float) -> None:
+        """Write best/: weights + config (main process only; every process gathers them under FSDP)."""
+        extra = {**self.extra, "step": step, "val_loss": val_loss}
+        if self.cfg.train.parallel == "fsdp":
+            save_sharded(self.out_dir, BEST, self.raw_model, self.optimizers, extra, self.rt, state=None,
+                         files=self.files)
+        elif self.rt.is_main:
+            save_checkpoint(self.out_dir, BEST, self.raw_model, extra, files=self.files)
 
 
 def setup(cfg: RunConfig, rt: Runtime) -> Run:
@@ -138,14 +158,21 @@ def setup(cfg: RunConfig, rt: Runtime) -> Run:
     if latest is not None and tc.resume == "never":
         raise UserError(f"out_dir '{out_dir}' already holds a checkpoint and train.resume=never: set "
                         f"train.resume=auto to continue it, or choose another out_dir")
-    model = GPT(model_cfg).to(rt.device)
+    model = GPT(model_cfg)  # FSDP: built whole on the CPU, then each process keeps its shard on the device
     if source is not None and latest is None:
         source.load_into(model)  # the pretrained weights; optimizer and schedule start fresh
+    model = shard_model(model, rt) if tc.parallel == "fsdp" else model.to(rt.device)
     optimizers = build_optimizers(model, tc)
-    loader = BatchLoader(prepared.train_path, prepared.dtype, model_cfg.block_size, tc.batch_size,
-                         seed=cfg.seed, rank=rt.rank, world_size=rt.world_size, device=rt.device)
+    loader = BatchLoader(prepared.split_paths("train"), prepared.dtype, model_cfg.block_size, tc.batch_size,
+                         seed=cfg.seed, rank=rt.rank, world_size=rt.world_size, device=rt.device, split="train",
+                         vocab_size=prepared.tokenizer.vocab_size)
     result = TrainResult(out_dir=out_dir, step=0, model=model)
-    if latest is not None:
+    if latest is not None and tc.parallel == "fsdp":
+        resume_sharded(latest, out_dir, model, optimizers, loader, result, rt)
+    elif latest is not None:
+        if (latest / FSDP_STATE_FILE).is_file():
+            raise UserError(f"'{latest}' was saved by train.parallel=fsdp: resume it with train.parallel=fsdp, or "
+                            f"use another out_dir")
         resume(latest, out_dir, model, optimizers, loader, result)
     if rt.is_main:
         (out_dir / "config.yaml").write_text(config_to_yaml(cfg))
@@ -170,12 +197,18 @@ def _finish_setup(cfg: RunConfig, rt: Runtime, prepared: PreparedData, model: GP
                  f"block {model_cfg.block_size}; data: {prepared.train_tokens:,} train / "
                  f"{prepared.val_tokens:,} val tokens; device {rt.device}"
                  f"{', autocast ' + str(rt.autocast_dtype).replace('torch.', '') if rt.autocast_dtype else ''}"
-                 f"{f', {rt.world_size} processes' if rt.ddp else ''}")
+                 f"{f', {rt.world_size} processes' if rt.ddp else ''}"
+                 f"{', FSDP' if tc.parallel == 'fsdp' else ''}")
     if latest is not None:
         logger.write(f"resuming from '{latest}' at step {result.step} (best val {result.best_val:.4f})")
 
     compiled, rt.compile = None, tc.compile is True
-    if needs_measurement(cfg.dtype, tc.compile):
+    if needs_measurement(cfg.dtype, tc.compile) and tc.parallel == "fsdp":
+        # the shards' mixed precision is fixed when the model is sharded, and one process cannot time steps that
+        # need all of them: under FSDP, auto is not measured
+        logger.write(f"auto under FSDP (not timed): dtype {str(rt.autocast_dtype or 'float32').replace('torch.', '')}"
+                     f", compile {'on' if rt.compile else 'off'}")
+    elif needs_measurement(cfg.dtype, tc.compile):
         choice, compiled = decide_precision(cfg, rt, model, optimizers, loader, result, latest is not None)
         logger.write(choice.summary())
     tokenizer_spec, tokenizer_files = stored_tokenizer(prepared.tokenizer)
@@ -217,7 +250,9 @@ def resume(latest: Path, out_dir: Path, model: GPT, optimizers: Optimizers, load
                         f"start over") from None
     try:
         optimizers.load_state_dict(state["optimizer"])
-        loader.load_state_dict(state["loader"])
+        loaders = state.get("loaders")  # every process's loader position (one process: loaders[0] is "loader")
+        loader.load_state_dict(loaders[loader.rank] if isinstance(loaders, list) and len(loaders) == loader.world_size
+                               else state["loader"])
         set_rng_state(state["rng"])
     except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:  # e.g. train.optimizer changed
         raise UserError(f"cannot resume from '{latest}': its {STATE_FILE} does not fit this run "
@@ -253,11 +288,20 @@ def decide_precision(cfg: RunConfig, rt: Runtime, model: GPT, optimizers: Optimi
     return choice, compiled
 
 
+def resume_sharded(latest: Path, out_dir: Path, model: nn.Module, optimizers: Optimizers, loader: BatchLoader,
+                   result: TrainResult, rt: Runtime) -> None:
+    """`resume` for an FSDP run: the sharded weights and optimizer state through DCP."""
+    check_same_model(latest, model.config, out_dir)
+    state = load_sharded(latest, out_dir, model, optimizers, loader, rt)
+    result.step, result.best_val = state["step"], state["best_val"]
+    result.skipped_steps = state.get("skipped_steps", 0)
+
+
 def _wrap(model: GPT, compile_model: bool, rt: Runtime, compiled: nn.Module | None = None) -> nn.Module:
     """What runs forward: the model, compiled if asked (reusing `compiled` when the measurement made one),
-    inside DDP under torchrun."""
+    inside DDP under torchrun (FSDP: already sharded)."""
     wrapped: nn.Module = (compiled if compiled is not None else torch.compile(model)) if compile_model else model
-    if rt.ddp:
+    if rt.ddp and not is_sharded(model):
         from torch.nn.parallel import DistributedDataParallel as DDP
         wrapped = DDP(wrapped, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
     return wrapped
@@ -289,6 +333,8 @@ def train_loop(run: Run, should_stop: Callable[[int], bool] | None = None) -> Tr
 
             if stop.signal_name is None and should_stop is not None and should_stop(step + 1):
                 stop.signal_name = "requested"
+            if run.rt.ddp:  # all processes stop after the same step (saving is collective under FSDP)
+                stop.signal_name = agreed_stop(stop.signal_name, run.rt.device)
             if stop.signal_name is not None:
                 run.save(step + 1)
                 result.interrupted = stop.signal_name
@@ -354,9 +400,8 @@ def evaluate_and_save(run: Run, step: int) -> None:
                              "val/best": result.best_val})
     if run.monitor is not None:
         run.monitor.snapshot(step)
-    if run.rt.is_main and improved:
-        save_checkpoint(run.out_dir, BEST, run.raw_model, {**run.extra, "step": step, "val_loss": losses["val"]},
-                        files=run.files)
+    if improved:
+        run.save_best(step, losses["val"])
     run.save(step)
 
 
@@ -375,6 +420,8 @@ def _make_out_dir(out_dir: Path, rt: Runtime) -> None:
 
 def _attention_monitor(cfg: RunConfig, model: GPT, prepared: PreparedData, logger: RunLogger, rt: Runtime,
                        start_step: int) -> Any:
+    if cfg.attn.enabled and cfg.train.parallel == "fsdp" and not rt.is_main:
+        return MonitorFollower(cfg, model, prepared, rt)  # the probe is a collective over the shards
     if not (rt.is_main and cfg.attn.enabled):
         return None
     from training.attn_monitor import AttentionMonitor

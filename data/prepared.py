@@ -1,0 +1,133 @@
+"""A prepared data folder, opened for reading: `load_prepared(folder)` checks it and describes it.
+
+Readers never write: opening a folder renames, deletes and creates nothing and takes no lock, so a
+complete folder on a read-only mount (or one that another process is reading) opens as it is. The one
+writer is `data.prepare`, which holds the folder's lock while it (re)makes it.
+
+What is checked before anything is trusted: meta.json is valid and complete, every shard it lists exists
+with exactly the recorded number of tokens, and no shard holds an id outside the tokenizer's vocabulary
+(data/shards.py: `check_ids`). Anything wrong is one UserError line saying how to prepare it again.
+
+Layouts read:
+    format 2   shards: {"train": [{"file": "train_00000.bin", "tokens": N, "max_id": M}, ...], "val": [...]}
+    format 1   train.bin and val.bin (one shard each): folders prepared before shards, still read as they are
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from common.errors import UserError
+from data.shards import Shard, TokenStream, check_ids
+from data.tokenizer import Tokenizer, tokenizer_from_json
+
+META_FILE = "meta.json"
+SPLITS = ("train", "val")
+LAYOUT_VERSION = 2  # meta.json's format_version for sharded folders; 1 = one train.bin / val.bin
+REDO = "run `python -m data.prepare CONFIG` to prepare it again"
+
+
+@dataclass
+class PreparedData:
+    """A complete prepared folder: its shards, how to read them, and how to decode them."""
+
+    dir: Path
+    meta: dict[str, Any]
+    tokenizer: Tokenizer
+    dtype: np.dtype
+    shards: dict[str, list[Shard]] = field(default_factory=dict)
+    reused: bool = False  # True when an earlier prepare was found complete and up to date
+
+    def split_shards(self, split: str) -> list[Shard]:
+        if split not in SPLITS:
+            raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+        return self.shards[split]
+
+    def split_paths(self, split: str) -> list[Path]:
+        """The split's token files, in stream order."""
+        return [s.path for s in self.split_shards(split)]
+
+    def split_tokens(self, split: str) -> int:
+        return sum(s.tokens for s in self.split_shards(split))
+
+    def stream(self, split: str) -> TokenStream:
+        """The split's shards as one flat stream (e.g. `stream("val").read(0, 256)`)."""
+        return TokenStream(self.split_shards(split), self.dtype)
+
+    @property
+    def train_tokens(self) -> int:
+        return self.split_tokens("train")
+
+    @property
+    def val_tokens(self) -> int:
+        return self.split_tokens("val")
+
+    def check_block_size(self, block_size: int) -> None:
+        """Every split must hold at least one window of block_size + 1 tokens."""
+        for split in SPLITS:
+            n = self.split_tokens(split)
+            if n < block_size + 1:
+                share = "raise data.val_fraction" if split == "val" else "lower data.val_fraction"
+                raise UserError(f"the {split} split has {n} tokens but block_size {block_size} needs at least "
+                                f"{block_size + 1}: lower model.block_size, {share}, or use more data")
+
+
+def read_meta(directory: Path) -> dict[str, Any]:
+    """meta.json of `directory` as a dict, or a UserError saying why it cannot be used."""
+    meta_path = directory / META_FILE
+    if not meta_path.is_file():
+        raise UserError(f"'{directory}' is not a complete prepared data folder (no {META_FILE}): {REDO}")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise UserError(f"'{meta_path}' is not valid JSON: {REDO}") from None
+    if not isinstance(meta, dict) or meta.get("format_version") not in (1, LAYOUT_VERSION):
+        raise UserError(f"'{meta_path}' is from another format version (want {LAYOUT_VERSION}): {REDO}")
+    if meta.get("dtype") not in ("uint16", "uint32"):
+        raise UserError(f"'{meta_path}' names dtype {meta.get('dtype')!r}, not uint16 or uint32: {REDO}")
+    return meta
+
+
+def _listed_shards(directory: Path, meta: dict[str, Any]) -> dict[str, list[Shard]]:
+    """The shards meta.json lists (format 2), or train.bin / val.bin (format 1); not yet checked."""
+    if meta["format_version"] == 1:
+        return {split: [Shard(directory / f"{split}.bin", meta.get(f"{split}_tokens"))] for split in SPLITS}
+    listed = meta.get("shards")
+    out: dict[str, list[Shard]] = {}
+    for split in SPLITS:
+        entries = listed.get(split) if isinstance(listed, dict) else None
+        if not isinstance(entries, list) or not entries:
+            raise UserError(f"'{directory / META_FILE}' lists no {split} shards: {REDO}")
+        out[split] = []
+        for entry in entries:
+            name = entry.get("file") if isinstance(entry, dict) else None
+            if not isinstance(name, str) or Path(name).name != name or not name.endswith(".bin"):
+                raise UserError(f"'{directory / META_FILE}' lists a {split} shard {str(entry)[:60]!r} that is not "
+                                f"a .bin file of the folder: {REDO}")
+            max_id = entry.get("max_id")
+            out[split].append(Shard(directory / name, entry.get("tokens"),
+                                    max_id if isinstance(max_id, int) and not isinstance(max_id, bool) else None))
+    return out
+
+
+def load_prepared(directory: str | Path) -> PreparedData:
+    """Open a prepared folder for reading, checking that it is complete and that its ids fit its tokenizer.
+    Reads only: creates, renames and deletes nothing, so it works on a read-only mount."""
+    directory = Path(directory)
+    meta = read_meta(directory)
+    dtype = np.dtype(meta["dtype"])
+    shards = _listed_shards(directory, meta)
+    for split in SPLITS:
+        for shard in shards[split]:
+            tokens = shard.tokens
+            if (not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1 or not shard.path.is_file()
+                    or shard.path.stat().st_size != tokens * dtype.itemsize):
+                raise UserError(f"'{shard.path}' is missing or does not hold the {tokens} tokens meta.json "
+                                f"records: {REDO}")
+    tokenizer = tokenizer_from_json(meta.get("tokenizer"), base_dir=directory)  # a tokenizer.json sits beside
+    check_ids(shards, dtype, tokenizer.vocab_size, f"'{directory / META_FILE}'")
+    return PreparedData(dir=directory, meta=meta, tokenizer=tokenizer, dtype=dtype, shards=shards)

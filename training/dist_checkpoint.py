@@ -1,0 +1,175 @@
+"""Checkpoints of an FSDP run: sharded through torch.distributed.checkpoint, plus consolidated weights.
+
+    out_dir/latest/   dcp/ (.metadata, __<rank>_0.distcp: each process's shards of the weights and AdamW
+                      moments), fsdp_state.pt (step, best val, skipped steps, and every process's data
+                      loader position and RNG states), model.safetensors + config.json (the whole model,
+                      gathered: what sample.py and `load_model` read)
+    out_dir/best/     model.safetensors + config.json, gathered the same way
+
+Why both: the sharded state is what a resume needs and what scales (no process ever holds the whole
+optimizer state, and DCP writes every shard in parallel); the consolidated weights are what everything
+else reads, so an FSDP run's checkpoints sample exactly like a single-process run's.
+
+Atomic like training/checkpoint.py: every process writes its shards into `.latest.tmp/dcp`; then rank 0
+writes the rest, fsyncs, and swaps the folder in with the same two renames (latest -> .latest.old,
+.latest.tmp -> latest), so a crash at any moment leaves a complete checkpoint (checkpoint_dir recovers
+one caught between the renames). The processes wait for each other (barriers) before and after.
+A resume loads each process's shards into the freshly sharded model and optimizer, and its own loader
+position and RNG states: the same exact-resume guarantee as a single process (tests/test_fsdp.py).
+`fsdp_state.pt` holds only tensors and plain data and is read with weights_only=True. The out_dir must be
+a filesystem every process sees (one machine, or a shared mount across nodes).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from common.errors import UserError
+from model.checkpoint import CONFIG_FILE, WEIGHTS_FILE, fsync_file
+from training.checkpoint import WRITE_ERRORS, _reason, _test_pause, fsync_dir
+from training.runtime import Runtime, rng_state, set_rng_state
+
+STATE_FILE = "fsdp_state.pt"
+DCP_DIR = "dcp"
+
+
+def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's weights on rank 0's CPU (empty on other ranks). Collective: every rank calls it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if model.config.tie_embeddings:
+        state.pop("lm_head.weight", None)  # the same tensor as tok_emb.weight (model/checkpoint.py saves it once)
+    return {name: tensor.detach().contiguous() for name, tensor in state.items()}
+
+
+def _write_consolidated(directory: Path, weights: dict[str, torch.Tensor], model: nn.Module,
+                        extra: dict[str, Any], files: dict[str, bytes] | None = None) -> None:
+    from safetensors.torch import save_file
+
+    bad = [name for name, t in weights.items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if bad:
+        raise UserError(f"the model holds NaN or inf values (e.g. {bad[0]}); not saving it over the last good "
+                        f"checkpoint. Lower train.lr or enable train.grad_clip")
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(weights, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+    (directory / CONFIG_FILE).write_text(json.dumps({"model": model.config.to_dict(), **extra}, indent=2))
+    for name, data in (files or {}).items():  # e.g. the tokenizer.json the config's tokenizer names
+        (directory / name).write_bytes(data)
+    for name in (WEIGHTS_FILE, CONFIG_FILE, *(files or {})):
+        fsync_file(directory / name)
+
+
+def _swap_in(out_dir: Path, name: str) -> None:
+    """Rank 0: the complete `.name.tmp` becomes `name` (two renames, as training/checkpoint.py does)."""
+    final, tmp, old = out_dir / name, out_dir / f".{name}.tmp", out_dir / f".{name}.old"
+    fsync_dir(tmp)
+    _test_pause()
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    _test_pause()
+    os.replace(tmp, final)
+    fsync_dir(out_dir)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _all_ok(ok: bool, device: torch.device) -> bool:
+    """Did every process succeed? (A flag on the run's device: NCCL reduces CUDA tensors only.)"""
+    flag = torch.tensor(0 if ok else 1, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return int(flag) == 0
+
+
+def save_sharded(out_dir: Path, name: str, model: nn.Module, optimizers: Any, extra: dict[str, Any],
+                 rt: Runtime, state: dict[str, Any] | None, files: dict[str, bytes] | None = None) -> None:
+    """Write out_dir/name atomically: consolidated weights, and with `state` (latest/) the sharded
+    weights + optimizer and every rank's loader/RNG state. Collective: every rank calls it."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    import torch.distributed.checkpoint as dcp
+
+    tmp = out_dir / f".{name}.tmp"
+    weights = full_weights(model)
+    error: BaseException | None = None
+    if rt.is_main:
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        except WRITE_ERRORS as e:
+            error = e
+    if _all_ok(error is None, rt.device) and state is not None:  # the shards: every rank writes its own, in parallel
+        ranks: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(ranks, {"loader": state.pop("loader"), "rng": rng_state()})
+        try:
+            model_state, optim_state = get_state_dict(model, optimizers.optimizers)
+            dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp / DCP_DIR))
+        except WRITE_ERRORS as e:  # DCP raises on every rank when one fails to write
+            error = e
+    if rt.is_main and error is None:
+        try:
+            _write_consolidated(tmp, weights, model, extra, files)
+            if state is not None:
+                torch.save({**state, "world_size": dist.get_world_size(), "ranks": ranks}, tmp / STATE_FILE)
+                fsync_file(tmp / STATE_FILE)
+                fsync_dir(tmp / DCP_DIR)
+        except (UserError, *WRITE_ERRORS) as e:  # UserError: NaN weights, never saved over a good checkpoint
+            error = e
+    if not _all_ok(error is None, rt.device):
+        if rt.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(error, UserError):
+            raise error
+        reason = f" ({_reason(error)})" if error is not None else " (on another process)"
+        raise UserError(f"could not write checkpoint '{out_dir / name}'{reason}; the previous checkpoint is "
+                        f"intact. Free disk space or fix permissions of '{out_dir}'")
+    if rt.is_main:
+        _swap_in(out_dir, name)
+    dist.barrier()
+
+
+def load_sharded(latest: Path, out_dir: Path, model: nn.Module, optimizers: Any, loader: Any,
+                 rt: Runtime) -> dict[str, Any]:
+    """Restore a sharded latest/ into this run's model, optimizer, loader and RNG; returns the saved
+    state (step, best_val, skipped_steps). A checkpoint that does not fit is a UserError."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    import torch.distributed.checkpoint as dcp
+
+    redo = f"use another out_dir, or delete '{out_dir}' to start over"
+    path = latest / STATE_FILE
+    if not path.is_file():
+        raise UserError(f"cannot resume from '{latest}' with train.parallel=fsdp: it has no {STATE_FILE} (it was "
+                        f"saved by train.parallel=ddp or a single process; resume it with train.parallel=ddp), or {redo}")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # UnpicklingError for code in the pickle; truncated or damaged files
+        raise UserError(f"cannot resume from '{path}' ({type(e).__name__}: {_reason(e)[:120]}): {redo}") from None
+    world = dist.get_world_size()
+    if not isinstance(state, dict) or not isinstance(state.get("ranks"), list) or state.get("world_size") != world \
+            or len(state["ranks"]) != world:
+        saved = state.get("world_size") if isinstance(state, dict) else None
+        raise UserError(f"'{path}' was saved by {saved} processes and this run has {world}: resume with the same "
+                        f"number of processes (each one's data position is its own), or {redo}")
+    try:
+        model_state, optim_state = get_state_dict(model, optimizers.optimizers)
+        dcp.load({"model": model_state, "optim": optim_state}, checkpoint_id=str(latest / DCP_DIR))
+        set_state_dict(model, optimizers.optimizers, model_state_dict=model_state, optim_state_dict=optim_state)
+        mine = state["ranks"][rt.rank]
+        loader.load_state_dict(mine["loader"])
+        set_rng_state(mine["rng"])
+    except UserError:
+        raise
+    except Exception as e:  # DCP: missing or mismatched shards, another optimizer, a damaged file
+        raise UserError(f"cannot resume from '{latest}': its sharded state does not fit this run "
+                        f"({type(e).__name__}: {' '.join(str(e).split())[:160]}); resume with the settings it was "
+                        f"saved with, or {redo}") from None
+    return state
