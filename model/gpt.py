@@ -206,9 +206,10 @@ class GPT(nn.Module):
                 rope = args[1] if len(args) > 1 else kwargs.get("rope")
                 q, k, v = attn.project_qkv(x, rope)
                 bias = attn.out_proj.bias
+                # copies: under FSDP the gathered weights are freed once the block's forward ends
                 found[layer] = AttentionInternals(q=q, k=k, v=v, weights=output[1].float(),
-                                                  out_weight=attn.out_proj.weight.detach(),
-                                                  out_bias=None if bias is None else bias.detach())
+                                                  out_weight=attn.out_proj.weight.detach().clone(),
+                                                  out_bias=None if bias is None else bias.detach().clone())
             return hook
 
         handles = [self.blocks[layer].attn.register_forward_hook(capture(layer), with_kwargs=True)

@@ -78,7 +78,10 @@ class AttentionMonitor:
     @torch.no_grad()
     def snapshot(self, step: int) -> None:
         t0 = time.perf_counter()
-        maps = self.model.attention_maps(self.idx)  # {layer: (1, n_head, T, T)}, from-scratch path, eval mode
+        # one forward pass gives the maps and what the explorer needs (q, k, v, W_O): from-scratch path, eval
+        # mode. One pass also keeps an FSDP run's other processes in step (training/parallel.MonitorFollower)
+        internals = self.model.attention_internals(self.idx)
+        maps = {layer: found.weights for layer, found in internals.items()}  # {layer: (1, n_head, T, T)}
         scalars: dict[str, object] = {}
         rows = []
         for layer, weights in maps.items():
@@ -100,7 +103,7 @@ class AttentionMonitor:
             png.parent.mkdir(exist_ok=True)
             draw_heatmap(maps[layer][0], self.tokens, title=f"layer {layer}, step {step}", path=png)
             images[f"attn/layer_{layer}"] = png
-        explorer = self.write_explorer(step)
+        explorer = self.write_explorer(step, internals)
         if self.logger.wandb is not None:
             import wandb
             scalars.update({key: wandb.Image(str(png), caption=f"step {step}") for key, png in images.items()})
@@ -108,10 +111,9 @@ class AttentionMonitor:
             self.logger.log_wandb(step, scalars)
         self.seconds += time.perf_counter() - t0
 
-    def write_explorer(self, step: int) -> Path:
+    def write_explorer(self, step: int, internals: dict) -> Path:
         """The explorer of every layer and head over the probe, as `attn/explorer/step_{S}.html`."""
         path = self.dir / "explorer" / f"step_{step:06d}.html"
         path.parent.mkdir(exist_ok=True)
-        internals = self.model.attention_internals(self.idx)  # {layer: q, k, v, weights, W_O}, eval mode
         return write_explorer(path, internals, self.tokens, title=f"attention at step {step}", info=f"step {step}",
                               max_bytes=EXPLORER_MAX_BYTES)

@@ -110,4 +110,4 @@ class MonitorFollower:
         return self.interval is not None and step % self.interval == 0
 
     def snapshot(self, step: int) -> None:
-        self.model.attention_maps(self.idx)
+        self.model.attention_internals(self.idx)  # the same forward pass as rank 0's AttentionMonitor.snapshot
