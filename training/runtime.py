@@ -21,10 +21,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class Runtime:
     device: torch.device
     autocast_dtype: torch.dtype | None  # None: plain float32; params always stay float32 (master weights)
-    compile: bool = False  # torch.compile the model (train.compile; `auto` is decided by training/autotune.py)
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
+    compile: bool = False  # torch.compile the model (train.compile; `auto` is decided by training/autotune.py)
 
     @property
     def device_type(self) -> str:
