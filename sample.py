@@ -66,6 +66,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--no-kv-cache", action="store_true", help="recompute the whole window at every step")
+    p.add_argument("--compile", action="store_true", help="compile the decode step (torch.compile; CUDA graphs on a "
+                                                          "GPU): faster per token after a one-time compile")
     p.add_argument("--dump-attn", metavar="SPEC", help="attention maps over the prompt: all | 0,2 | 1:3,0:1")
     p.add_argument("--dump-dir", type=Path, help="where --dump-attn writes (default: ./attn_dump; for a Hugging "
                                                  "Face model ./attn_dump/<name>; never inside a run)")
@@ -120,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
     positive_or_none(args.num_samples, "--num-samples", 1)
     if args.num_samples > 2**31 - 1:
         raise UserError(f"--num-samples must be at most 2**31-1 (and fit in memory), got {args.num_samples}")
+    if args.compile and args.no_kv_cache:
+        raise UserError("--compile compiles the KV-cache decode step: drop --no-kv-cache, or --compile")
     if not -2**63 <= args.seed < 2**64:  # what torch.Generator.manual_seed takes
         raise UserError(f"--seed must be an integer from -2**63 to 2**64-1, got {args.seed}")
 
@@ -168,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         out = generate(model, batch, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                       top_p=args.top_p, generator=generator, use_kv_cache=not args.no_kv_cache,
+                       top_p=args.top_p, generator=generator, use_kv_cache=not args.no_kv_cache, compile=args.compile,
                        stop_token=tokenizer.eot, on_token=stream.push if stream else None)
     except RuntimeError as e:  # CPU: "can't allocate memory"; CUDA: torch.cuda.OutOfMemoryError
         if not (isinstance(e, torch.cuda.OutOfMemoryError) or "allocate" in str(e) or "out of memory" in str(e)):
@@ -187,7 +191,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"--- sample {i + 1}\n{tokenizer.decode(ids + generated)}")
     print(f"[{new_tokens} tokens x {args.num_samples} in {elapsed:.2f}s: "
           f"{new_tokens * args.num_samples / max(elapsed, 1e-9):.1f} tokens/s, "
-          f"{'no KV cache' if args.no_kv_cache else 'KV cache'}, {source.label}]", file=sys.stderr)
+          f"{'no KV cache' if args.no_kv_cache else 'KV cache'}{', compiled decode' if args.compile else ''}, "
+          f"{source.label}]", file=sys.stderr)
     return 0
 
 

@@ -16,18 +16,25 @@ from model import GPT, ModelConfig
 PRESETS = ("gpt2", "modern")
 ATTNS = ("manual", "sdpa")
 DTYPES = {"fp32": None, "bf16": torch.bfloat16}
-VARIANT_RE = re.compile(r"^(?P<preset>gpt2|modern)-(?P<attn>manual|sdpa)-(?P<dtype>fp32|bf16)(?P<compile>-compile)?$")
-DEFAULT_VARIANTS = ("reference", "gpt2-manual-fp32", "gpt2-sdpa-fp32", "gpt2-sdpa-bf16",
-                    "modern-manual-fp32", "modern-sdpa-fp32", "modern-sdpa-bf16")
+BASELINES = ("nanogpt", "textbook")  # nanogpt: the baseline of every ratio; textbook: a second, slower reference
+VARIANT_RE = re.compile(r"^(?P<preset>gpt2|modern)-(?:(?P<auto>auto)|(?P<attn>manual|sdpa)-(?P<dtype>fp32|bf16)"
+                        r"(?P<compile>-compile)?)$")
+DEFAULT_VARIANTS = ("nanogpt", "textbook", "gpt2-sdpa-fp32", "gpt2-sdpa-fp32-compile", "modern-sdpa-fp32",
+                    "modern-sdpa-fp32-compile", "modern-sdpa-bf16", "modern-auto")
+# named shapes: (vocab, block, batch, layers, heads, width)
+SHAPES = {"cpu": (65, 64, 12, 4, 4, 128),  # nanoGPT's CPU command line (README), shakespeare-char
+          "char": (65, 256, 8, 6, 6, 384)}  # nanoGPT's shakespeare-char model at batch 8
 
 
 @dataclass
 class Variant:
     name: str
-    preset: str | None = None  # None: the reference
-    attn: str = "manual"
+    preset: str | None = None  # None: a baseline (nanogpt or textbook)
+    attn: str = "sdpa"
     dtype: str = "fp32"
     compile: bool = False
+    auto: bool = False  # dtype and compile chosen by training/autotune.py, as `dtype: auto` / `compile: auto` do
+    choice: str = ""  # what auto chose, and the measurements behind it
     # filled in by setup()
     step: Callable[[], tuple[float, float]] | None = field(default=None, repr=False)
     flops_per_token: float = 0.0
@@ -39,32 +46,43 @@ class Variant:
 
     @property
     def is_reference(self) -> bool:
+        """The baseline every speed ratio is taken against."""
+        return self.name == "nanogpt"
+
+    @property
+    def is_baseline(self) -> bool:
         return self.preset is None
 
 
 def parse_variants(text: str, with_compile: bool) -> list[Variant]:
     if text == "all":
-        names = ["reference"] + [f"{p}-{a}-{d}" for p in PRESETS for a in ATTNS for d in DTYPES]
+        names = [*BASELINES] + [f"{p}-{a}-{d}" for p in PRESETS for a in ATTNS for d in DTYPES] + \
+            [f"{p}-auto" for p in PRESETS]
     elif text == "default":
         names = list(DEFAULT_VARIANTS)
     else:
         names = [n.strip() for n in text.split(",") if n.strip()]
     if with_compile and text in ("all", "default"):
-        names += [f"{n}-compile" for n in names if n != "reference"]
+        names += [f"{n}-compile" for n in names if n not in BASELINES and not n.endswith("-auto")
+                  and f"{n}-compile" not in names]
     variants, seen = [], set()
     for name in names:
         if name in seen:
             continue
         seen.add(name)
-        if name == "reference":
+        if name in BASELINES:
             variants.append(Variant(name))
             continue
         m = VARIANT_RE.match(name)
         if m is None:
-            raise UserError(f"unknown variant '{name}': use reference or PRESET-ATTN-DTYPE[-compile] with PRESET in "
-                            f"{'|'.join(PRESETS)}, ATTN in {'|'.join(ATTNS)}, DTYPE in {'|'.join(DTYPES)} "
-                            f"(e.g. modern-sdpa-bf16-compile), or 'all' / 'default'")
-        variants.append(Variant(name, m["preset"], m["attn"], m["dtype"], bool(m["compile"])))
+            raise UserError(f"unknown variant '{name}': use {', '.join(BASELINES)}, PRESET-auto or "
+                            f"PRESET-ATTN-DTYPE[-compile] with PRESET in {'|'.join(PRESETS)}, ATTN in "
+                            f"{'|'.join(ATTNS)}, DTYPE in {'|'.join(DTYPES)} (e.g. modern-sdpa-bf16-compile), "
+                            f"or 'all' / 'default'")
+        if m["auto"]:
+            variants.append(Variant(name, m["preset"], auto=True))
+        else:
+            variants.append(Variant(name, m["preset"], m["attn"], m["dtype"], bool(m["compile"])))
     if not variants:
         raise UserError("--variants is empty: name at least one variant")
     return variants

@@ -8,7 +8,11 @@ earlier evals, checkpoint saves and attention snapshots included: the wall-clock
 val loss.
 
     python benchmarks/quality_vs_time.py [CONFIG] [key=value ...] [--out-dir DIR] [--keep] [--threads N]
-        [--metrics FILE] [--note TEXT] [--no-save]
+        [--metrics FILE] [--note TEXT] [--no-save] [--vs-nanogpt [ITERS]]
+
+--vs-nanogpt first runs nanoGPT's CPU recipe for ITERS iterations (default 6000; benchmarks/nanogpt_recipe.py)
+on this machine, then trains CONFIG, and reports CONFIG's val loss at its last eval within the wall-clock the
+recipe took, against the recipe's own final val loss: equal minutes, equal machine.
 
 By default W&B is off (wandb.mode=disabled) and the run goes to a fresh temporary out_dir, deleted at the
 end (--keep keeps it); --out-dir DIR trains into DIR instead (it must not hold a checkpoint yet:
@@ -107,6 +111,9 @@ def main() -> None:
     parser.add_argument("--note", action="append", default=[], help="a line to add to the saved section "
                                                                     "(e.g. how the metrics were made); repeatable")
     parser.add_argument("--no-save", action="store_true", help="do not append to benchmarks/RESULTS.md")
+    parser.add_argument("--vs-nanogpt", type=int, nargs="?", const=6000, default=None, metavar="ITERS",
+                        help="first time nanoGPT's CPU recipe (ITERS iterations, default 6000) and compare at "
+                             "its wall-clock")
     args, unknown = parser.parse_known_args()
     if "=" in args.config and not Path(args.config).is_file():  # overrides without a config: the default config
         args.overrides.insert(0, args.config)
@@ -126,6 +133,11 @@ def main() -> None:
         machine_line = _report.machine(torch_threads=True, extra=[_report.cpu_bf16_support()])
         temp_dir = None
         summary = []
+        recipe = None
+        if args.vs_nanogpt is not None:
+            from nanogpt_recipe import recipe_table, run_recipe
+            print(f"nanoGPT's CPU recipe, {args.vs_nanogpt} iterations, for the time budget", flush=True)
+            recipe = run_recipe(args.vs_nanogpt)
         if args.metrics:
             metrics = Path(args.metrics)
             saved = metrics.parent / "config.yaml"
@@ -164,7 +176,12 @@ def main() -> None:
             else:
                 shutil.rmtree(temp_dir, ignore_errors=True)
         lines = [config_line(cfg), *summary, *notes, *args.note]
-        print("\n".join(["", machine_line, *lines, "", *table]))
+        extra_tables: list[str] = []
+        if recipe is not None:
+            lines.append(versus_line(rows, recipe))
+            extra_tables = ["", f"nanoGPT's CPU recipe ({recipe.iters} iterations, benchmarks/nanogpt_recipe.py):",
+                            "", *recipe_table(recipe)]
+        print("\n".join(["", machine_line, *lines, "", *table, *extra_tables]))
         if args.no_save:
             return
         title = f"{args.config}" if not args.metrics else f"{metrics} ({cfg.device}, {cfg.dtype})"
@@ -175,8 +192,17 @@ def main() -> None:
                    "eval's end, earlier evals, checkpoint saves and attention snapshots included. tokens seen = "
                    "step x "
                    f"{tokens_per_step:,} tokens/step.",
-                   "", *table, ""]
+                   "", *table, *extra_tables, ""]
         print(f"appended to {_report.append_section(section)}")
+
+
+def versus_line(rows: list[dict], recipe) -> str:
+    """The config's val loss at its last eval within the recipe's wall-clock, against the recipe's final one."""
+    within = [r for r in rows if "val/loss" in r and r.get("time_s", float("inf")) <= recipe.seconds]
+    ours = (f"val loss {within[-1]['val/loss']:.4f} at {within[-1]['time_s']:.1f} s (step {within[-1]['step']})"
+            if within else "no eval within that time")
+    return (f"Equal wall-clock: nanoGPT's CPU recipe took {recipe.seconds:.1f} s for {recipe.iters} iterations, "
+            f"final val loss {recipe.final_val:.4f}; this config within {recipe.seconds:.1f} s: {ours}.")
 
 
 if __name__ == "__main__":

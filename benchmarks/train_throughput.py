@@ -1,20 +1,29 @@
-"""Training throughput: tokens/s, ms/step and MFU of full training steps, attngpt variants vs a textbook GPT-2.
+"""Training throughput: tokens/s, ms/step and MFU of full training steps, attngpt against nanoGPT's own recipe.
 
-A step is what the training loop runs: forward, backward, gradient clipping (norm 1.0), optimizer step,
-and reading the loss and gradient norm back (`.item()`, as the loop does for its non-finite check).
+A step is what a training loop runs: forward, backward, gradient clipping (norm 1.0), optimizer step,
+and reading the loss and gradient norm back (`.item()`, as both loops do every step on a CPU).
 
 Variants (all on the same random batch, built from the same seed):
-  reference                      benchmarks/reference_gpt.py: fp32, eager, explicit attention with a mask
-                                 buffer, separate q/k/v, torch.optim.AdamW(lr=1e-3) defaults, clip_grad_norm_.
-                                 Every "vs reference" ratio is taken against it, in the same run.
+  nanogpt                        benchmarks/nanogpt_reference.py: nanoGPT's model and optimizer as nanoGPT runs
+                                 them on a CPU (fused SDPA, one q/k/v Linear, LayerNorm without bias, tied
+                                 embeddings, foreach AdamW, fp32, eager). Every "vs nanoGPT" ratio is taken
+                                 against it, in the same run.
+  textbook                       benchmarks/reference_gpt.py: explicit attention with a mask buffer, separate
+                                 q/k/v, biases, torch.optim.AdamW defaults: what a textbook reader writes.
   PRESET-ATTN-DTYPE[-compile]    attngpt's GPT through training.step.accumulate_gradients + apply_gradients
-                                 with training.optim.build_optimizers (TrainConfig defaults: AdamW, lr 1e-3,
-                                 weight decay 0.1 on 2-D weights, fused kernel):
-      PRESET  gpt2    gelu MLP, layernorm, learned positions, MHA: the reference's architecture
+                                 with training.optim.build_optimizers (AdamW, fused kernel):
+      PRESET  gpt2    gelu MLP, layernorm, learned positions, MHA: nanoGPT's architecture
               modern  swiglu MLP, rmsnorm, RoPE, GQA with n_kv_head = n_head/2 (what configs/small.yaml uses)
       ATTN    manual  the from-scratch softmax(QK^T/sqrt(d))V     sdpa  F.scaled_dot_product_attention
       DTYPE   fp32    plain float32                               bf16  bfloat16 autocast (fp32 master weights)
-      -compile        torch.compile(model) (10-30 s of compilation per variant on a CPU)
+      -compile        torch.compile(model) (10-60 s of compilation per variant on a CPU)
+  PRESET-auto                    the preset as `dtype: auto` + `train.compile: auto` run it: training/autotune.py
+                                 times the candidates on this machine (for a run of --auto-steps steps) and the
+                                 variant then runs its choice, printed beside the table.
+
+Shapes (--shapes, default both): cpu = nanoGPT's CPU command line (vocab 65, block 64, batch 12, 4 layers,
+4 heads, width 128); char = nanoGPT's shakespeare-char model (block 256, 6 layers, 6 heads, width 384) at
+batch 8. Any of --vocab/--block/--batch/--layers/--heads/--width instead runs that one custom shape.
 
 Timing, made for a noisy shared machine: each variant warms up (--warmup steps; compilation happens here),
 then the variants run round-robin, --repeats rounds of --steps steps each (each round starting one
@@ -22,7 +31,7 @@ variant later), synchronizing the device around each block. Reported: median and
 rounds; tokens/s and MFU from the median.
 
 MFU = FLOPs/token (GPT.flops_per_token(block_size): 6 per matmul weight + attention's 12*L*H*hd*T; the
-reference counts as the gpt2 preset of its shape) x tokens/s / peak, for two peaks: measured here at
+baselines count as the gpt2 preset of their shape) x tokens/s / peak, for two peaks: measured here at
 start with a large matmul in the variant's dtype (training.runtime.measure_peak_flops, best of
 --peak-trials), and the datasheet's dense peak where the GPU is known (H100/H200, A100; n/a on CPUs).
 
@@ -48,11 +57,14 @@ import torch  # noqa: E402
 
 import _report  # noqa: E402
 from _report import nominal_peaks  # noqa: E402
-from _variants import (DEFAULT_VARIANTS, DTYPES, PRESETS, Variant, counting_model, model_config,  # noqa: E402
-                       parse_variants)
+from _variants import (DEFAULT_VARIANTS, DTYPES, PRESETS, SHAPES, Variant, counting_model,  # noqa: E402
+                       model_config, parse_variants)
 from common.errors import ArgumentParser, UserError, user_errors_exit  # noqa: E402
 from model import GPT  # noqa: E402
+from nanogpt_reference import NanoGPT, NanoShape  # noqa: E402
+from nanogpt_reference import train_step as nanogpt_step  # noqa: E402
 from reference_gpt import ReferenceGPT  # noqa: E402
+from training.autotune import choose  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
 from training.optim import build_optimizers  # noqa: E402
 from common.device import resolve_device  # noqa: E402
@@ -77,12 +89,19 @@ def setup(v: Variant, args: argparse.Namespace, device: torch.device, batch: tup
     x, y = batch
     torch.manual_seed(SEED)
     gpt2_cfg = model_config("gpt2", "manual", args)
-    if v.is_reference:
+    if v.is_baseline:
+        v.flops_per_token = counting_model(gpt2_cfg).flops_per_token(args.block)  # the same architecture's count
+        if v.name == "nanogpt":
+            model = NanoGPT(NanoShape(args.layers, args.heads, args.width, args.block, args.batch, args.vocab))
+            model = model.to(device).train()
+            opt = model.configure_optimizer()
+            v.params = sum(p.numel() for p in model.parameters())
+            v.step = lambda: nanogpt_step(model, opt, x, y, GRAD_CLIP)
+            return
         model = ReferenceGPT(args.vocab, args.block, args.layers, args.heads, args.width).to(device)
         model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         v.params = sum(p.numel() for p in model.parameters())
-        v.flops_per_token = counting_model(gpt2_cfg).flops_per_token(args.block)  # the same architecture's count
 
         def step() -> tuple[float, float]:
             _, loss = model(x, y)
@@ -101,8 +120,15 @@ def setup(v: Variant, args: argparse.Namespace, device: torch.device, batch: tup
     v.params = raw.num_params()
     v.flops_per_token = raw.flops_per_token(args.block)
     optimizers = build_optimizers(raw, TrainConfig(batch_size=args.batch, grad_clip=GRAD_CLIP))
+    compiled = None
+    if v.auto:
+        choice, compiled = choose(raw, optimizers, (x, y), Runtime(device, None), 1, GRAD_CLIP, args.auto_steps,
+                                  "auto", "auto")
+        v.dtype, v.compile, v.choice = {"float32": "fp32", "bfloat16": "bf16"}[choice.dtype], choice.compile, \
+            choice.summary()
+        print(f"  {v.name}: {v.choice}", flush=True)
     rt = Runtime(device, DTYPES[v.dtype])
-    model = torch.compile(raw) if v.compile else raw
+    model = (compiled if compiled is not None else torch.compile(raw)) if v.compile else raw
     backend = args.sdpa_backend if v.attn == "sdpa" else "auto"
 
     def next_batch() -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,7 +169,7 @@ def fmt_rate(flops: float) -> str:
 def profile(v: Variant, args: argparse.Namespace, device: torch.device, batch) -> None:
     from torch.profiler import ProfilerActivity, profile as torch_profile
     setup(v, args, device, batch)
-    run_steps(v, max(args.warmup, 2), device)
+    run_steps(v, max(args.warmup_now, 2), device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with torch_profile(activities=activities) as prof:
         seconds = run_steps(v, args.profile_steps, device)
@@ -159,7 +185,7 @@ def profile(v: Variant, args: argparse.Namespace, device: torch.device, batch) -
         sort_by = "self_cpu_time_total"
         table = averages.table(sort_by=sort_by, row_limit=25)
     print(f"torch.profiler: {v.name}, {args.profile_steps} steps ({1e3 * seconds / args.profile_steps:.1f} ms/step "
-          f"under the profiler), batch {args.batch} x block {args.block}, top 25 ops by {sort_by}:")
+          f"under the profiler), shape {args.shape_name}: batch {args.batch} x block {args.block}, top 25 ops by {sort_by}:")
     print(table)
 
 
@@ -175,17 +201,19 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true",
                         help="add a -compile twin of every attngpt variant of 'default'/'all' (explicit "
                              "-compile names in --variants run without it)")
-    shape = parser.add_argument_group("shape (default: nanoGPT's shakespeare-char CPU shape)")
-    shape.add_argument("--vocab", type=int, default=65)
-    shape.add_argument("--block", type=int, default=64, help="sequence length (block_size)")
-    shape.add_argument("--batch", type=int, default=12)
-    shape.add_argument("--layers", type=int, default=4)
-    shape.add_argument("--heads", type=int, default=4)
-    shape.add_argument("--width", type=int, default=128, help="d_model")
+    parser.add_argument("--shapes", default="cpu,char", help=f"named shapes to run: {', '.join(SHAPES)}")
+    shape = parser.add_argument_group("a custom shape instead (any of these replaces --shapes)")
+    for name, help_text in (("vocab", None), ("block", "sequence length (block_size)"), ("batch", None),
+                            ("layers", None), ("heads", None), ("width", "d_model")):
+        shape.add_argument(f"--{name}", type=int, default=None, help=help_text)
     timing = parser.add_argument_group("timing")
-    timing.add_argument("--steps", type=int, default=20, help="steps per variant per round")
-    timing.add_argument("--warmup", type=int, default=5, help="untimed steps per variant first (compilation too)")
+    timing.add_argument("--steps", type=int, default=None, help="steps per variant per round (default 20 for "
+                                                                "the cpu shape, 4 for char)")
+    timing.add_argument("--warmup", type=int, default=None, help="untimed steps per variant first (compilation "
+                                                                 "too; default 5 for cpu, 2 for char)")
     timing.add_argument("--repeats", type=int, default=5, help="round-robin rounds (median and min reported)")
+    timing.add_argument("--auto-steps", type=int, default=5000,
+                        help="the run length the -auto variants decide for (compile is tried only for long runs)")
     timing.add_argument("--threads", type=int, default=None, help="torch intra-op threads on CPU (default torch's)")
     timing.add_argument("--peak-size", type=int, default=None,
                         help="matmul size of the peak measurement (default 1024 on CPU, 8192 on CUDA)")
@@ -194,54 +222,105 @@ def main() -> None:
                         help="force one F.scaled_dot_product_attention kernel in the sdpa variants (a variant "
                              "the kernel cannot serve fails and is reported so)")
     parser.add_argument("--profile", metavar="VARIANT", default=None,
-                        help="only profile VARIANT: print torch.profiler's top 25 ops of --profile-steps steps")
+                        help="only profile VARIANT (on the first shape): torch.profiler's top 25 ops")
     parser.add_argument("--profile-steps", type=int, default=5)
     parser.add_argument("--no-save", action="store_true", help="do not append to benchmarks/RESULTS.md")
     parser.add_argument("--save", action="store_true", help="append to RESULTS.md even with --quick")
     args = parser.parse_args()
 
     with user_errors_exit("train_throughput"):
-        for name in ("vocab", "block", "batch", "layers", "heads", "width", "steps", "repeats", "peak_trials",
-                     "profile_steps"):
+        shapes = shape_list(args)
+        for name in ("repeats", "peak_trials", "profile_steps", "auto_steps"):
             if getattr(args, name) < 1:
                 raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 1")
-        if args.warmup < 0:
-            raise UserError(f"--warmup {args.warmup}: must be >= 0")
-        if args.width % args.heads:
-            raise UserError(f"--width {args.width} must be divisible by --heads {args.heads}")
-        if args.quick:
-            args.steps, args.repeats, args.warmup, args.peak_trials = 2, 2, 1, 1
+        for name in ("steps", "warmup"):
+            if getattr(args, name) is not None and getattr(args, name) < (1 if name == "steps" else 0):
+                raise UserError(f"--{name} {getattr(args, name)}: must be >= {1 if name == 'steps' else 0}")
         if args.threads:
             torch.set_num_threads(args.threads)
         device = resolve_device(args.device, setting="--device ")
-        variants = parse_variants(args.profile or args.variants, args.compile)
-        model_config("gpt2", "manual", args)  # shape errors now, as one line
-        model_config("modern", "sdpa", args)
-
-        gen = torch.Generator().manual_seed(SEED)
-        x = torch.randint(0, args.vocab, (args.batch, args.block), generator=gen).to(device)
-        y = torch.randint(0, args.vocab, (args.batch, args.block), generator=gen).to(device)
+        parse_variants(args.profile or args.variants, args.compile)  # names checked before any work
         if args.profile:
+            set_shape(args, *shapes[0])
+            variants = parse_variants(args.profile, False)
             if len(variants) != 1:
                 raise UserError("--profile takes one variant name")
-            profile(variants[0], args, device, (x, y))
+            profile(variants[0], args, device, random_batch(args, device))
             return
-        run(variants, args, device, (x, y))
+        machine_line = _report.machine(torch_threads=True, extra=machine_extra(device))
+        print(machine_line, flush=True)
+        blocks = []
+        for shape_name, dims in shapes:
+            set_shape(args, shape_name, dims)
+            print(f"\n### shape {shape_name}", flush=True)
+            blocks.append(run(parse_variants(args.variants, args.compile), args, device, random_batch(args, device)))
+        if args.no_save or (args.quick and not args.save):
+            return
+        section = [f"## Training throughput vs nanoGPT, {device.type} ({_report.timestamp()})", "",
+                   f"- Machine: {machine_line}", f"- Command: `{_report.command('train_throughput.py')}`",
+                   "- speed vs nanoGPT = nanogpt median ms/step / variant median ms/step (higher is faster). "
+                   "final loss: the last timed step's loss on the fixed random batch, a sanity check only (the "
+                   "textbook reference keeps PyTorch's default init, N(0, 1) tied embeddings, hence its large "
+                   "loss).", ""]
+        for block in blocks:
+            section += block
+        print(f"appended to {_report.append_section(section)}")
 
 
-def run(variants: list[Variant], args: argparse.Namespace, device: torch.device, batch) -> None:
-    gpu_name, nominal = nominal_peaks(device)
+def shape_list(args: argparse.Namespace) -> list[tuple[str, tuple[int, ...]]]:
+    custom = [getattr(args, n) for n in ("vocab", "block", "batch", "layers", "heads", "width")]
+    if any(v is not None for v in custom):
+        base = SHAPES["cpu"]
+        dims = tuple(v if v is not None else d for v, d in zip(custom, base))
+        if any(d < 1 for d in dims):
+            raise UserError("--vocab/--block/--batch/--layers/--heads/--width must be >= 1")
+        if dims[5] % dims[4]:
+            raise UserError(f"--width {dims[5]} must be divisible by --heads {dims[4]}")
+        return [("custom", dims)]
+    names = [n.strip() for n in args.shapes.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SHAPES]
+    if unknown or not names:
+        raise UserError(f"--shapes {args.shapes!r}: use names from {', '.join(SHAPES)}")
+    return [(n, SHAPES[n]) for n in names]
+
+
+def set_shape(args: argparse.Namespace, name: str, dims: tuple[int, ...]) -> None:
+    """Put shape `name` into args (vocab ... width) with its timing defaults, unless given on the command line."""
+    args.shape_name = name
+    args.vocab, args.block, args.batch, args.layers, args.heads, args.width = dims
+    big = args.block * args.width >= 256 * 384
+    args.steps_now = args.steps or (4 if big else 20)
+    args.warmup_now = args.warmup if args.warmup is not None else (2 if big else 5)
+    args.repeats_now = args.repeats
+    if args.quick:
+        args.steps_now, args.repeats_now, args.warmup_now, args.peak_trials = 2, 2, 1, 1
+
+
+def random_batch(args: argparse.Namespace, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(SEED)
+    x = torch.randint(0, args.vocab, (args.batch, args.block), generator=gen).to(device)
+    y = torch.randint(0, args.vocab, (args.batch, args.block), generator=gen).to(device)
+    return x, y
+
+
+def machine_extra(device: torch.device) -> list[str]:
     extra = [_report.cpu_bf16_support()]
     if device.type == "cuda":
+        gpu_name, _ = nominal_peaks(device)
         extra.append(f"GPU {gpu_name} (CUDA {torch.version.cuda}, float32 matmul precision "
                      f"{torch.get_float32_matmul_precision()})")
-    machine_line = _report.machine(torch_threads=True, extra=extra)
-    print(machine_line, flush=True)
+    return extra
+
+
+def run(variants: list[Variant], args: argparse.Namespace, device: torch.device, batch) -> list[str]:
+    """Time the variants on one shape; print and return its lines for RESULTS.md."""
+    _, nominal = nominal_peaks(device)
+    steps, warmup, repeats = args.steps_now, args.warmup_now, args.repeats_now
 
     # peaks first, on an idle device
     peak_size = args.peak_size or ((256 if args.quick else 1024) if device.type == "cpu" else None)
     measured: dict[str, float] = {}
-    for dtype in sorted({v.dtype for v in variants}):
+    for dtype in DTYPES:
         measured[dtype] = max(measure_peak_flops(device, DTYPES[dtype], peak_size) for _ in range(args.peak_trials))
         print(f"measured peak {dtype}: {fmt_rate(measured[dtype])} (matmul {peak_size or 8192}^3, best of "
               f"{args.peak_trials}); nominal: {fmt_rate(nominal[dtype]) if dtype in nominal else 'n/a'}", flush=True)
@@ -254,7 +333,7 @@ def run(variants: list[Variant], args: argparse.Namespace, device: torch.device,
                 torch.cuda.reset_peak_memory_stats(device)
                 before = torch.cuda.memory_allocated(device)
             setup(v, args, device, batch)
-            run_steps(v, max(args.warmup, 1 if device.type == "cuda" else 0), device)
+            run_steps(v, max(warmup, 1 if device.type == "cuda" else 0), device)
             if device.type == "cuda":
                 v.peak_mem = torch.cuda.max_memory_allocated(device) - before
         except Exception as e:  # one broken variant (OOM, a missing compiler, no SDPA kernel) must not sink the rest
@@ -264,23 +343,23 @@ def run(variants: list[Variant], args: argparse.Namespace, device: torch.device,
 
     # round-robin timing; each round starts one variant later
     live = [v for v in variants if v.step is not None]
-    for r in range(args.repeats):
+    for r in range(repeats):
         order = live[r % len(live):] + live[:r % len(live)] if live else []
         for v in order:
             if v.step is None:
                 continue
             try:
-                v.ms.append(1e3 * run_steps(v, args.steps, device) / args.steps)
+                v.ms.append(1e3 * run_steps(v, steps, device) / steps)
             except Exception as e:
                 fail(v, e, device)
         done = ", ".join(f"{v.name} {v.ms[-1]:.1f}" for v in order if v.ms and v.step is not None)
-        print(f"round {r + 1}/{args.repeats} (ms/step): {done}", flush=True)
+        print(f"round {r + 1}/{repeats} (ms/step): {done}", flush=True)
 
     tokens_per_step = args.batch * args.block
     ref = next((v for v in variants if v.is_reference and v.ms), None)
     ref_ms = statistics.median(ref.ms) if ref else None
     cuda = device.type == "cuda"
-    header = ("| variant | ms/step median | ms/step min | tokens/s | speed vs reference | MFU (measured peak) "
+    header = ("| variant | ms/step median | ms/step min | tokens/s | speed vs nanoGPT | MFU (measured peak) "
               "| MFU (nominal peak) | final loss |" + (" peak memory |" if cuda else ""))
     table = [header, "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if cuda else "")]
     for v in variants:
@@ -300,35 +379,26 @@ def run(variants: list[Variant], args: argparse.Namespace, device: torch.device,
     for preset in PRESETS:
         m = counting_model(model_config(preset, "sdpa", args))
         presets[preset] = (m.num_params(), m.flops_per_token(args.block), m.config.n_kv_head)
-    shape_line = (f"Shape: vocab {args.vocab}, block {args.block}, batch {args.batch} "
+    shape_line = (f"Shape {args.shape_name}: vocab {args.vocab}, block {args.block}, batch {args.batch} "
                   f"({tokens_per_step:,} tokens/step), {args.layers} layers, {args.heads} heads, width {args.width}; "
                   + "; ".join(f"{p}: {n / 1e6:.2f}M params, n_kv_head {kv}, {f / 1e6:.2f} MFLOP/token"
                               for p, (n, f, kv) in presets.items())
-                  + (f"; reference: {ref.params / 1e6:.2f}M params (biases, separate q/k/v), counted as gpt2"
-                     if ref else ""))
+                  + "; the baselines are counted as gpt2")
     peaks_line = ("Peaks: measured " + ", ".join(f"{d} {fmt_rate(p)}" for d, p in measured.items())
                   + f" (matmul {peak_size or 8192}^3, best of {args.peak_trials}); nominal "
                   + (", ".join(f"{d} {fmt_rate(nominal[d])}" for d in measured if d in nominal) + " (dense datasheet)"
                      if nominal else "n/a"))
-    protocol = (f"Timing: {args.warmup} warm-up step(s) per variant, then {args.repeats} round-robin rounds x "
-                f"{args.steps} steps (device synchronized around each round); same random batch for all; a step = "
+    protocol = (f"Timing: {warmup} warm-up step(s) per variant, then {repeats} round-robin rounds x "
+                f"{steps} steps (device synchronized around each round); same random batch for all; a step = "
                 f"forward + backward + clip_grad_norm_(1.0) + optimizer step + loss/grad-norm .item(); "
                 f"ms/step median and min over rounds, tokens/s and MFU from the median"
                 + (f"; sdpa backend forced: {args.sdpa_backend}" if args.sdpa_backend != "auto" else "") + ".")
+    autos = [f"{v.name} chose: {v.choice}" for v in variants if v.auto and v.choice]
     mem_line = ("peak memory: what the variant's weights, optimizer state and warm-up steps added to the CUDA "
                 "allocator's peak (torch.cuda.max_memory_allocated)." if cuda else "")
-    print("\n".join(["", shape_line, peaks_line, protocol, *([mem_line] if mem_line else []), "", *table]))
-
-    if args.no_save or (args.quick and not args.save):
-        return
-    section = [f"## Training throughput, {device.type} ({_report.timestamp()})", "",
-               f"- Machine: {machine_line}", f"- Command: `{_report.command('train_throughput.py')}`",
-               f"- {shape_line}", f"- {peaks_line}", f"- {protocol}", *([f"- {mem_line}"] if mem_line else []),
-               "- speed vs reference = reference median ms/step / variant median ms/step (higher is faster). "
-               "final loss: the last timed step's loss on the fixed random batch, a sanity check only (the "
-               "reference keeps PyTorch's default init, N(0, 1) tied embeddings, hence its large loss).",
-               "", *table, ""]
-    print(f"appended to {_report.append_section(section)}")
+    notes = [shape_line, peaks_line, protocol, *autos, *([mem_line] if mem_line else [])]
+    print("\n".join(["", *notes, "", *table]))
+    return [f"### Shape {args.shape_name}", "", *[f"- {n}" for n in notes], "", *table, ""]
 
 
 if __name__ == "__main__":

@@ -268,15 +268,20 @@ def _show(value: Any) -> str:
 
 
 def _type_name(annotation: Any) -> str:
+    """A union in words: `bool | Literal["auto"]` -> "true, false or 'auto'"."""
     names = []
     for option in typing.get_args(annotation):
         if option is type(None):
             names.append("null")
         elif typing.get_origin(option) is list:
             names.append("a list")
+        elif option is bool:
+            names += ["true", "false"]
+        elif typing.get_origin(option) is typing.Literal:
+            names += [repr(c) for c in typing.get_args(option)]
         else:
             names.append(getattr(option, "__name__", str(option)))
-    return " or ".join(names)
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 def load_config(cls: type, path: str | Path, overrides: list[str] | None = None) -> Any:

@@ -149,7 +149,7 @@ class CausalSelfAttention(nn.Module):
         input_pos: torch.Tensor | None = None,
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x: (B, T, d_model). rope: complex (T, head_dim/2) rotations for the positions of x (model/rope.py).
+        """x: (B, T, d_model). rope: (T, head_dim/2, 2) cos/sin rotations for the positions of x (model/rope.py).
         mask: None for plain causal attention over x itself; with a KV cache, bool (T, T_k) rows of the
         causal table at `input_pos`, the absolute positions of x's tokens, where k/v are written.
         Returns (y (B, T, d_model), weights (B, n_head, T, T_k) if need_weights else None)."""

@@ -84,7 +84,10 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> tup
         try:
             model, payload = load_model(folder, device)
         except CheckpointError:
-            if attempt == SWAP_RETRIES or _identity(folder) == before:
+            # a `.name.old` is on its way out: a save removes it file by file, so it may still stand, with its
+            # config.json, while its weights are gone
+            moving = folder.name.startswith(".") and folder.name.endswith(".old")
+            if attempt == SWAP_RETRIES or (_identity(folder) == before and not moving):
                 raise
             continue
         if _identity(folder) == before:

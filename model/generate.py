@@ -56,11 +56,14 @@ def generate(
     use_kv_cache: bool = True,
     stop_token: int | None = None,
     on_token: Callable[[torch.Tensor], None] | None = None,
+    compile: bool = False,
 ) -> torch.Tensor:
     """Continue prompt (B, T0) by up to max_new_tokens tokens; returns (B, T0' + n) where T0' <= block_size
     (a longer prompt keeps its last block_size tokens). Stops early once every row has produced
     stop_token (rows that stopped earlier keep producing tokens the caller should cut at stop_token).
-    on_token receives each new column (B,) as soon as it is drawn (for streaming)."""
+    on_token receives each new column (B,) as soon as it is drawn (for streaming).
+    compile: run the one-token decode steps through `compiled_decode_step` (KV cache only; the prefills stay
+    eager). Its first call compiles (seconds to a minute); worth it for long generations or repeated calls."""
     block_size = model.config.block_size
     keep = max(1, block_size // 2)
     prompt = prompt[:, -block_size:]
@@ -71,11 +74,14 @@ def generate(
     out = [prompt]
     window = prompt  # (B, n): the tokens the model currently sees
     finished = torch.zeros(B, dtype=torch.bool, device=device)
+    decode = compiled_decode_step(model) if (compile and use_kv_cache) else None
     try:
         if use_kv_cache:
             # a cache as long as this generation can get: block_size only when the window may fill up (a model
             # with a long context, e.g. 32K positions, would otherwise allocate a 32K x 32K causal table)
             max_len = min(block_size, prompt.shape[1] + max(max_new_tokens, 1))
+            if decode is not None:  # a compiled step is specialised to its cache length: round up to a power of
+                max_len = min(block_size, 1 << (max_len - 1).bit_length())  # two, so few lengths ever compile
             model.setup_kv_cache(B, max_len, dtype=model.tok_emb.weight.dtype, device=device)
             logits, _ = model(window, input_pos=torch.arange(window.shape[1], device=device), last_only=True)
         else:
@@ -96,6 +102,8 @@ def generate(
                 positions = torch.arange(keep, device=device)
                 logits, _ = (model(window, input_pos=positions, last_only=True) if use_kv_cache
                              else model(window, last_only=True))
+            elif decode is not None:
+                logits = decode(token[:, None], torch.tensor([n], device=device))
             elif use_kv_cache:
                 logits, _ = model(token[:, None], input_pos=torch.tensor([n], device=device))
             else:
@@ -105,3 +113,29 @@ def generate(
             model.clear_kv_cache()
         model.train(was_training)
     return torch.cat(out, dim=1)
+
+
+def compiled_decode_step(model: GPT) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """A compiled `(token (B, 1), input_pos (1,)) -> logits (B, 1, vocab)` step through the model's KV cache.
+
+    Compiled code sees static shapes: every step attends over the whole preallocated cache buffer with the
+    causal table's row masking the unwritten slots (eager code slices the written prefix instead), so one
+    graph serves every position. On CUDA it is captured as a CUDA graph (mode "reduce-overhead"): a decode
+    step of a small model is a few hundred tiny kernels, and launching them costs more than running them.
+    Built once per model and kept on it (`GPT.setup_kv_cache` reuses the same cache buffers for the same batch
+    size and cache length, so later generate() calls reuse the compiled graph too)."""
+    step = model.__dict__.get("_compiled_decode")
+    if step is None:
+        on_cpu = model.tok_emb.weight.device.type == "cpu"
+
+        def decode(token: torch.Tensor, input_pos: torch.Tensor, head_columns: torch.Tensor | None) -> torch.Tensor:
+            hidden, _ = model._hidden(token, input_pos)  # (B, 1, d_model)
+            # on a CPU, the column-major head (GPT.logits) also inside the graph; passed in, so a changed
+            # weight reaches the compiled code without a recompile
+            return hidden @ head_columns if head_columns is not None else model.lm_head(hidden)
+        compiled = torch.compile(decode, mode=None if on_cpu else "reduce-overhead", dynamic=False)
+
+        def step(token: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+            return compiled(token, input_pos, model.head_columns() if on_cpu else None)
+        model.__dict__["_compiled_decode"] = step
+    return step

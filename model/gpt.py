@@ -19,6 +19,9 @@ from model.norm import make_norm
 from model.rope import rope_frequencies
 
 
+HEAD_COLUMNS_MAX_ROWS = 8  # up to this many rows (decode steps of small batches) use GPT.head_columns on a CPU
+
+
 class Block(nn.Module):
     """One transformer layer: attention then MLP, each on a normalised copy of the residual stream."""
 
@@ -50,7 +53,7 @@ class GPT(nn.Module):
             # one matrix maps tokens to vectors and vectors back to token scores (Press & Wolf 2017)
             self.lm_head.weight = self.tok_emb.weight
         if config.pos == "rope":
-            # complex (block_size, head_dim/2); derived, so not saved in checkpoints
+            # (cos, sin) per position and channel pair, float32 (block_size, head_dim/2, 2); derived, so not saved
             self.register_buffer("rope_freqs", rope_frequencies(config.head_dim, config.block_size,
                                                                 config.rope_theta), persistent=False)
         self.causal_table = None  # bool (max_len, max_len), set with the KV cache
@@ -80,8 +83,12 @@ class GPT(nn.Module):
                 nn.init.ones_(param) if name.endswith("weight") else nn.init.zeros_(param)
 
     def _apply(self, fn, *args, **kwargs):
-        """`model.to(torch.bfloat16)` would cast the complex RoPE table to a real dtype (dropping its
-        imaginary part): rebuild it, complex64, on the new device after any such conversion."""
+        """`model.to(torch.bfloat16)` would cast the RoPE table too, losing the precision long contexts need
+        (and the float32 layout eager RoPE reads as complex numbers): rebuild it, float32, on the new device
+        after any such conversion. Pooled KV caches and a compiled decode step belong to the old device and
+        dtype: dropped."""
+        for cached in ("_kv_pool", "_compiled_decode", "_head_columns"):
+            self.__dict__.pop(cached, None)
         had_rope = self._buffers.pop("rope_freqs", None) is not None
         module = super()._apply(fn, *args, **kwargs)
         if had_rope:
@@ -140,11 +147,35 @@ class GPT(nn.Module):
             if targets is not None:
                 raise ValueError("last_only gives one position's logits: it cannot compute a loss over targets")
             x = x[:, -1:]  # (B, 1, d_model)
-        logits = self.lm_head(x)  # (B, T, vocab_size), or (B, 1, vocab_size) with last_only
+        logits = self.logits(x)  # (B, T, vocab_size), or (B, 1, vocab_size) with last_only
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
         return logits, loss
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Final hidden states (B, T, d_model) -> logits (B, T, vocab_size) through the LM head.
+
+        Decoding on a CPU (no grad, a handful of rows) multiplies by the head's weight stored column-major
+        instead, x @ W^T with W^T contiguous: the product then streams the vocab-wide matrix once, row after row
+        of W^T, where F.linear computes vocab_size short dot products, about twice as slow on a CPU for one row
+        (benchmarks/RESULTS.md). The same numbers in another summation order; the copy is made once and kept
+        until the weight changes (its version counter moves on any in-place update)."""
+        if x.device.type == "cpu" and not torch.is_grad_enabled() and not torch.compiler.is_compiling() \
+                and x.shape[:-1].numel() <= HEAD_COLUMNS_MAX_ROWS:
+            return x @ self.head_columns()
+        return self.lm_head(x)
+
+    def head_columns(self) -> torch.Tensor:
+        """The LM head's weight transposed and contiguous, (d_model, vocab_size): cached, rebuilt after any
+        change to the weight (a training step, load_state_dict, a cast or a move)."""
+        weight = self.lm_head.weight
+        key = (weight.data_ptr(), weight._version, weight.dtype, weight.device)
+        cached = self.__dict__.get("_head_columns")
+        if cached is None or cached[0] != key:
+            with torch.no_grad():
+                cached = self.__dict__["_head_columns"] = (key, weight.detach().t().contiguous())
+        return cached[1]
 
     @torch.no_grad()
     def attention_maps(self, idx: torch.Tensor, layers: list[int] | None = None) -> dict[int, torch.Tensor]:
@@ -204,20 +235,33 @@ class GPT(nn.Module):
     # ----------------------------------------------------------------------------------------------
     def setup_kv_cache(self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None,
                        device: torch.device | str | None = None) -> int:
-        """Give every layer a preallocated KV cache; returns its total size in bytes."""
+        """Give every layer a preallocated KV cache; returns its total size in bytes.
+
+        Caches of the same shape, dtype and device as the last ones are reused (zeroed), not reallocated:
+        compiled decode steps (model/generate.py) guard on the cache buffers they were traced with."""
         max_len = self.config.block_size if max_len is None else max_len
         if not 1 <= max_len <= self.config.block_size:
             raise ValueError(f"max_len={max_len}: must be in 1..block_size={self.config.block_size}")
         param = self.tok_emb.weight
         dtype = dtype or param.dtype
-        device = device or param.device
-        for block in self.blocks:
-            block.attn.kv_cache = KVCache(batch_size, self.config.n_kv_head, max_len, self.config.head_dim,
-                                          dtype=dtype, device=device)
-        self.causal_table = torch.ones(max_len, max_len, dtype=torch.bool, device=device).tril()
-        return sum(block.attn.kv_cache.nbytes() for block in self.blocks)
+        device = torch.device(device or param.device)
+        key = (batch_size, max_len, dtype, device)
+        pool = self.__dict__.get("_kv_pool")  # (key, caches, causal table) of the last setup
+        if pool is not None and pool[0] == key:
+            caches, self.causal_table = pool[1], pool[2]
+            for cache in caches:
+                cache.reset()
+        else:
+            caches = [KVCache(batch_size, self.config.n_kv_head, max_len, self.config.head_dim, dtype=dtype,
+                              device=device) for _ in self.blocks]
+            self.causal_table = torch.ones(max_len, max_len, dtype=torch.bool, device=device).tril()
+            self.__dict__["_kv_pool"] = (key, caches, self.causal_table)
+        for block, cache in zip(self.blocks, caches):
+            block.attn.kv_cache = cache
+        return sum(cache.nbytes() for cache in caches)
 
     def clear_kv_cache(self) -> None:
+        """Back to plain forward passes (the buffers stay pooled for the next setup_kv_cache)."""
         for block in self.blocks:
             block.attn.kv_cache = None
         self.causal_table = None

@@ -34,5 +34,10 @@ class KVCache(nn.Module):
         self.v_cache.index_copy_(2, input_pos, v.to(self.v_cache.dtype))
         return self.k_cache, self.v_cache
 
+    def reset(self) -> None:
+        """Zero both buffers in place (they keep their identity, which compiled code guards on)."""
+        self.k_cache.zero_()
+        self.v_cache.zero_()
+
     def nbytes(self) -> int:
         return self.k_cache.nbytes + self.v_cache.nbytes

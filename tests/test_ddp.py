@@ -28,14 +28,16 @@ def test_two_gloo_processes_match_one_process_with_double_accumulation_and_resum
     single = run_cli(["train.py", *common, f"out_dir={tmp_path / 'one'}", "train.grad_accum=2"], env_extra=env)
     assert single.returncode == 0, single.stderr[-2000:]
     ddp = run_cli(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py", *common,
-                   f"out_dir={tmp_path / 'two'}", "train.grad_accum=1"], env_extra=env, timeout=300)
+                   f"out_dir={tmp_path / 'two'}", "train.grad_accum=1", "train.compile=auto"],
+                  env_extra=env, timeout=300)  # compile: auto is timed on rank 0 and shared with rank 1
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert sorted(one) == sorted(two) == list(range(1, 7))
     for step in one:
         assert two[step] == pytest.approx(one[step], rel=1e-4, abs=1e-5), step
-    # only rank 0 saved
+    # only rank 0 saved, and the choice of compile: auto reached both ranks (they would hang otherwise)
     assert (tmp_path / "two" / "latest" / "model.safetensors").is_file()
+    assert (tmp_path / "two" / "autotune.json").is_file()
     # stopped after step 3 (its checkpoint), then resumed to step 6: the losses of the uninterrupted run
     torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py", *common,
                 f"out_dir={tmp_path / 'resumed'}"]

@@ -129,7 +129,7 @@ def test_overrides_are_typed_and_nested():
     (["eval.iters=0"], ["iters=0", ">= 1"]),
     (["model.n_kv_head=3"], ["n_kv_head=3"]),
     (["model.norm=batchnorm"], ["'model.norm' got 'batchnorm'", "layernorm"]),
-    (["train.compile=maybe"], ["expected true or false"]),
+    (["train.compile=maybe"], ["expected true, false or 'auto'"]),
     (["train.lr"], ["must look like section.key=value"]),
 ])
 def test_bad_config_values_raise_one_clear_user_error(overrides, fragments):

@@ -39,7 +39,9 @@ class TrainConfig:
     grad_clip: float = 1.0  # clip the global gradient norm to this; 0 turns clipping off
     muon_lr: float = 0.02  # Muon's learning rate (it normalises updates, so it lives on another scale)
     muon_momentum: float = 0.95
-    compile: bool = False  # torch.compile the model (worth it on GPUs; on a small CPU model it costs more than it saves)
+    # torch.compile the model: true, false, or auto (timed against eager at start, tried only when the run is long
+    # enough to repay the compile; training/autotune.py)
+    compile: bool | Literal["auto"] = "auto"
     resume: Literal["auto", "never"] = "auto"  # auto: continue from out_dir/latest if present; never: refuse a used out_dir
     log_interval: int = 10  # steps between progress-bar/W&B scalar updates
     nonfinite: Literal["stop", "skip"] = "stop"  # a NaN/inf loss or gradient: stop the run, or skip the step and count it
@@ -125,7 +127,8 @@ class RunConfig:
     out_dir: str = "runs/default"  # checkpoints, the resolved config, attention snapshots, W&B files
     seed: int = 1337  # model init, batch order, dropout: one seed fixes the whole run (0 .. 2**63-1)
     device: str = "auto"  # auto (cuda > mps > cpu), cpu, cuda, cuda:N, mps
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bfloat16 on a GPU that has it, else float32
+    # autocast dtype; weights stay float32. auto: float32 or bfloat16, whichever trains faster here, timed at start
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

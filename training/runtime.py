@@ -25,6 +25,7 @@ class Runtime:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
+    compile: bool = False  # torch.compile the model (train.compile; `auto` is decided by training/autotune.py)
 
     @property
     def device_type(self) -> str:

@@ -35,6 +35,7 @@ from training.resume import check_same_data, check_same_model, data_fingerprint,
 from training.run_lock import RunDirLock, lock_run_dir
 from training.step import accumulate_gradients, apply_gradients
 from training.stop import StopRequested
+from training.autotune import decide_precision, needs_measurement
 from training.runtime import (Runtime, measure_peak_flops, rng_state, seed_everything, setup_runtime, synchronize,
                               teardown_runtime)
 from training.writes import could_not_write
@@ -209,9 +210,19 @@ def _finish_setup(cfg: RunConfig, rt: Runtime, prepared: PreparedData, model: GP
     if latest is not None:
         logger.write(f"resuming from '{latest}' at step {result.step} (best val {result.best_val:.4f})")
 
-    run = Run(cfg=cfg, rt=rt, out_dir=Path(cfg.out_dir), prepared=prepared, model=_wrap(model, tc.compile, rt),
-              raw_model=model, optimizers=optimizers, loader=loader, extra=extra, files=files, logger=logger,
-              monitor=None, result=result)
+    compiled, rt.compile = None, tc.compile is True
+    if needs_measurement(cfg.dtype, tc.compile) and tc.parallel == "fsdp":
+        # the shards' mixed precision is fixed when the model is sharded, and one process cannot time steps that
+        # need all of them: under FSDP, auto is not measured
+        logger.write(f"auto under FSDP (not timed): dtype {str(rt.autocast_dtype or 'float32').replace('torch.', '')}"
+                     f", compile {'on' if rt.compile else 'off'}")
+    elif needs_measurement(cfg.dtype, tc.compile):
+        choice, compiled = decide_precision(cfg, rt, model, optimizers, loader, tc.max_iters - result.step,
+                                            resumed=latest is not None)
+        logger.write(choice.summary())
+    run = Run(cfg=cfg, rt=rt, out_dir=Path(cfg.out_dir), prepared=prepared,
+              model=_wrap(model, rt.compile, rt, compiled), raw_model=model, optimizers=optimizers, loader=loader,
+              extra=extra, files=files, logger=logger, monitor=None, result=result)
     run.scaler = torch.amp.GradScaler("cuda") if rt.autocast_dtype == torch.float16 else None
     run.tokens_per_step = tc.batch_size * tc.grad_accum * rt.world_size * model_cfg.block_size
     run.flops_per_step = model.flops_per_token(model_cfg.block_size) * run.tokens_per_step
@@ -259,9 +270,10 @@ def resume_sharded(latest: Path, out_dir: Path, model: nn.Module, optimizers: Op
     return load_sharded(latest, out_dir, model, optimizers, loader, rt, max_iters)
 
 
-def _wrap(model: GPT, compile_model: bool, rt: Runtime) -> nn.Module:
-    """What runs forward: the model, compiled if asked, inside DDP under torchrun (FSDP: already sharded)."""
-    wrapped: nn.Module = torch.compile(model) if compile_model else model
+def _wrap(model: GPT, compile_model: bool, rt: Runtime, compiled: nn.Module | None = None) -> nn.Module:
+    """What runs forward: the model, compiled if asked (reusing `compiled` when the measurement made one),
+    inside DDP under torchrun (FSDP: already sharded)."""
+    wrapped: nn.Module = (compiled if compiled is not None else torch.compile(model)) if compile_model else model
     if rt.ddp and not is_sharded(model):
         from torch.nn.parallel import DistributedDataParallel as DDP
         wrapped = DDP(wrapped, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)

@@ -1,0 +1,262 @@
+"""`dtype: auto` and `train.compile: auto`: chosen by timing real training steps on this machine and model.
+
+Why measure: the same code is 2x faster in bf16 on a CPU with AMX and 3x slower on one without it, and
+torch.compile repays its compile time on a long run of a small model but not on a short one. No constant
+can know which machine it runs on, so a run with either setting on `auto` times a few of its own training
+steps (forward, backward, clip, optimizer step, on one batch of its own data) in each candidate and keeps
+the fastest:
+
+  1. float32 eager (always: the baseline, and what an explicit `dtype: float32` would run);
+  2. bfloat16 autocast eager, when the device supports bf16 and a short matmul probe does not already show
+     bf16 matmuls slower than float32 ones (then its training steps cannot be faster: they are matmuls);
+  3. the winner of 1-2 compiled, when compile is `auto` and the rest of the run, at the eager pace, lasts
+     at least COMPILE_MIN_RUN_S (compiling costs tens of seconds on a CPU: a shorter run cannot repay it).
+
+A candidate other than float32 eager is kept only when it is at least MIN_GAIN faster, so `auto` is never
+slower than plain float32 eager beyond noise. The weights, optimizer state, RNG streams and the loader's
+position are restored afterwards: a run with `auto` trains exactly as the same run with the chosen settings
+written out. The choice is saved in out_dir (CHOICE_FILE) and a resume reuses it without measuring again.
+Explicit settings are obeyed as written and never measured.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from data.loader import BatchLoader
+from training.config import RunConfig
+from training.optim import Optimizers
+from training.runtime import DTYPES, Runtime, synchronize
+from training.step import accumulate_gradients, apply_gradients
+from training.writes import could_not_write
+
+CHOICE_FILE = "autotune.json"
+MIN_GAIN = 1.05  # a candidate must beat float32 eager by 5% (timing noise on a shared machine is a few %)
+COMPILE_MIN_RUN_S = 60.0  # try compiling only when the run's remaining eager time is at least this long
+MEASURE_S = 1.0  # time each candidate for about this long (at least MIN_STEPS steps)
+MIN_STEPS = 3
+
+
+@dataclass
+class Choice:
+    """What `auto` settled on, and the measurements behind it (ms per step, by candidate name)."""
+
+    dtype: str  # "float32" | "bfloat16" | "float16" (the autocast dtype; weights stay float32)
+    compile: bool
+    ms_per_step: dict[str, float] = field(default_factory=dict)
+    compile_seconds: float | None = None
+    note: str = ""  # why a candidate was skipped or failed
+
+    def summary(self) -> str:
+        """One line for the run's log: the choice and the measured ratios against float32 eager."""
+        base = self.ms_per_step.get("float32")
+        parts = []
+        for name, ms in self.ms_per_step.items():
+            ratio = f", {base / ms:.2f}x" if base and name != "float32" else ""
+            parts.append(f"{name} {ms:.1f} ms/step{ratio}")
+        if self.compile_seconds is not None:
+            parts.append(f"compile took {self.compile_seconds:.0f} s")
+        measured = "; ".join(parts) if parts else "nothing measured"
+        return (f"auto: dtype {self.dtype}, compile {'on' if self.compile else 'off'} "
+                f"({measured}{'; ' + self.note if self.note else ''})")
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Choice":
+        if not (isinstance(d, dict) and d.get("dtype") in DTYPES and isinstance(d.get("compile"), bool)):
+            raise ValueError(f"not a dtype/compile choice: {str(d)[:120]}")
+        ms = d.get("ms_per_step") or {}
+        return cls(dtype=d["dtype"], compile=d["compile"],
+                   ms_per_step={str(k): float(v) for k, v in ms.items()} if isinstance(ms, dict) else {},
+                   compile_seconds=d.get("compile_seconds"), note=str(d.get("note", "")))
+
+
+def saved_choice(out_dir: Path) -> Choice | None:
+    """The choice a previous run of this out_dir made, or None (none saved, or unreadable: measure again)."""
+    path = Path(out_dir) / CHOICE_FILE
+    try:
+        return Choice.from_json(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def save_choice(out_dir: Path, choice: Choice) -> None:
+    """Written by the run that owns out_dir (holding its lock), atomically (temp file + rename)."""
+    path = Path(out_dir) / CHOICE_FILE
+    tmp = path.with_name(f".{CHOICE_FILE}.tmp")
+    with could_not_write(path, out_dir):
+        tmp.write_text(json.dumps(choice.to_json(), indent=2))
+        os.replace(tmp, path)
+
+
+def bf16_matmul_ratio(device: torch.device, size: int = 512, reps: int = 4) -> float:
+    """bf16 / float32 matmul throughput on this device (> 1: bf16 is faster), from a short probe."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    seconds = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        a = torch.randn(size, size, device=device, generator=gen).to(dtype)
+        b = torch.randn(size, size, device=device, generator=gen).to(dtype)
+        a @ b  # first call: kernel selection, packing
+        synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            a @ b
+        synchronize(device)
+        seconds[dtype] = time.perf_counter() - t0
+    return seconds[torch.float32] / seconds[torch.bfloat16]
+
+
+class _Snapshot:
+    """Weights, optimizer state and RNG streams, put back exactly after the measurement."""
+
+    def __init__(self, model: nn.Module, optimizers: Optimizers, device: torch.device):
+        self.model, self.optimizers = model, optimizers
+        self.weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.optim_state = copy.deepcopy(optimizers.state_dict())
+        self.cpu_rng = torch.get_rng_state()
+        self.cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+        self.device = device
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            self.model.load_state_dict(self.weights)
+        self.optimizers.load_state_dict(self.optim_state)
+        self.optimizers.zero_grad()
+        torch.set_rng_state(self.cpu_rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state(self.cuda_rng, self.device)
+
+
+def _time_steps(step: Callable[[], None], device: torch.device) -> float:
+    """ms per step: MIN_STEPS steps at least, and about MEASURE_S seconds."""
+    n, elapsed = 0, 0.0
+    synchronize(device)
+    t0 = time.perf_counter()
+    while n < MIN_STEPS or elapsed < MEASURE_S:
+        step()
+        n += 1
+        synchronize(device)
+        elapsed = time.perf_counter() - t0
+    return 1e3 * elapsed / n
+
+
+def choose(model: nn.Module, optimizers: Optimizers, batch: tuple[torch.Tensor, torch.Tensor], rt: Runtime,
+           grad_accum: int, grad_clip: float, steps_left: int, dtype_setting: str,
+           compile_setting: bool | str) -> tuple[Choice, nn.Module | None]:
+    """Time the candidates (module doc) and return (choice, the compiled model if compile won, else None).
+
+    dtype_setting / compile_setting: the run's `dtype` and `train.compile`; only those on "auto" are chosen,
+    the others are taken as written. The model and optimizers end exactly as they started."""
+    device = rt.device
+    dtypes = [dtype_setting] if dtype_setting != "auto" else ["float32"]
+    notes = []
+    if dtype_setting == "auto" and _bf16_supported(device):
+        ratio = bf16_matmul_ratio(device)
+        if ratio >= 1.0:
+            dtypes.append("bfloat16")
+        else:
+            notes.append(f"bfloat16 skipped: its matmuls run at {ratio:.2f}x float32 here")
+    single = dataclasses.replace(rt, world_size=1, rank=0)  # measured alone, outside DDP
+    x, y = batch
+    snapshot = _Snapshot(model, optimizers, device)
+    ms: dict[str, float] = {}
+
+    def steps_with(runner: nn.Module, dtype: str) -> Callable[[], None]:
+        step_rt = dataclasses.replace(single, autocast_dtype=DTYPES[dtype] if dtype != "float32" else None)
+
+        def step() -> None:
+            loss, norm = accumulate_gradients(runner, model, lambda: (x, y), step_rt, grad_accum, grad_clip,
+                                              None, optimizers)
+            loss.item(), norm.item()  # the loop reads both back every step
+            apply_gradients(optimizers)
+        return step
+
+    try:
+        for dtype in dtypes:
+            step = steps_with(model, dtype)
+            step()  # warm-up: allocator, kernel selection, optimizer state
+            ms[dtype] = _time_steps(step, device)
+        best = _fastest(ms, baseline="float32" if dtype_setting == "auto" else dtypes[0])
+        compiled, compile_seconds, use_compile = None, None, compile_setting is True
+        if compile_setting == "auto":
+            eager_left_s = steps_left * ms[best] / 1e3
+            if eager_left_s < COMPILE_MIN_RUN_S:
+                notes.append(f"compile not tried: the run has ~{eager_left_s:.0f} s left, under "
+                             f"{COMPILE_MIN_RUN_S:.0f} s")
+            else:
+                try:
+                    compiled = torch.compile(model)
+                    step = steps_with(compiled, best)
+                    synchronize(device)
+                    t0 = time.perf_counter()
+                    step()  # compiles forward and backward
+                    step()  # a second call can recompile (e.g. after the optimizer's first step)
+                    synchronize(device)
+                    compile_seconds = time.perf_counter() - t0
+                    ms[f"{best} compiled"] = _time_steps(step, device)
+                    use_compile = ms[best] / ms[f"{best} compiled"] >= MIN_GAIN
+                except Exception as e:  # no C++ compiler, an unsupported op, ...: stay eager
+                    notes.append(f"compile failed ({type(e).__name__}: {' '.join(str(e).split())[:100]})")
+                    compiled = None
+    finally:
+        snapshot.restore()
+    choice = Choice(dtype=best, compile=use_compile, ms_per_step={k: round(v, 3) for k, v in ms.items()},
+                    compile_seconds=None if compile_seconds is None else round(compile_seconds, 1),
+                    note="; ".join(notes))
+    return choice, (compiled if use_compile else None)
+
+
+def _fastest(ms: dict[str, float], baseline: str) -> str:
+    """The fastest candidate, unless it beats the baseline by less than MIN_GAIN: then the baseline."""
+    best = min(ms, key=ms.get)
+    return best if ms[baseline] / ms[best] >= MIN_GAIN else baseline
+
+
+def _bf16_supported(device: torch.device) -> bool:
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu"  # bf16 autocast runs on every CPU; the probe decides whether it is worth timing
+
+
+def needs_measurement(dtype_setting: str, compile_setting: bool | str) -> bool:
+    return dtype_setting == "auto" or compile_setting == "auto"
+
+
+
+def decide_precision(cfg: RunConfig, rt: Runtime, model: nn.Module, optimizers: Optimizers, loader: BatchLoader,
+                     steps_left: int, resumed: bool) -> tuple[Choice, nn.Module | None]:
+    """`dtype: auto` / `train.compile: auto` for a run: reuse the choice saved in out_dir on a resume, else
+    time the candidates on the main process (on one batch of the run's own data, restoring every state
+    after) and share the choice with the other processes. Sets rt.autocast_dtype and rt.compile; returns
+    the choice and the compiled model when the measurement made one (the run reuses it)."""
+    out_dir, compiled = Path(cfg.out_dir), None
+    choice = saved_choice(out_dir) if resumed else None
+    if choice is None:
+        if rt.is_main:
+            position = loader.state_dict()
+            batch = loader.next_batch()
+            loader.load_state_dict(position)  # the measurement does not move the run's data stream
+            choice, compiled = choose(model, optimizers, batch, rt, cfg.train.grad_accum, cfg.train.grad_clip,
+                                      steps_left, cfg.dtype, cfg.train.compile)
+            save_choice(out_dir, choice)
+        if rt.ddp:
+            import torch.distributed as dist
+            shared = [choice.to_json() if choice is not None else None]
+            dist.broadcast_object_list(shared, src=0)
+            choice = Choice.from_json(shared[0])
+    if cfg.dtype == "auto":
+        rt.autocast_dtype = None if choice.dtype == "float32" else DTYPES[choice.dtype]
+    if cfg.train.compile == "auto":
+        rt.compile = choice.compile
+    return choice, compiled
