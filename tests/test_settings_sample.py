@@ -134,6 +134,25 @@ def test_dtype_and_device_reach_the_model(capsys, ckpt, monkeypatch):
     assert seen == [(torch.bfloat16, "cpu"), (torch.float32, "cpu")]
 
 
+def test_compile_reaches_generate_and_needs_the_kv_cache(capsys, ckpt, monkeypatch):
+    """--compile asks generate() for the compiled decode step (whose equality with eager decoding
+    tests/test_generate_compiled.py proves; here it runs eager, to stay fast), and says so."""
+    seen = []
+
+    def spy(model, *args, **kwargs):
+        seen.append(kwargs.get("compile"))
+        return generate(model, *args, **{**kwargs, "compile": False})
+
+    monkeypatch.setattr("model.generate.generate", spy)
+    _, err = run(capsys, ckpt, "--compile")
+    assert "compiled decode" in err
+    _, err = run(capsys, ckpt)
+    assert "compiled decode" not in err and seen == [True, False]
+    with pytest.raises(SystemExit) as exit_info:
+        sample.main(["--ckpt", str(ckpt), "--compile", "--no-kv-cache"])
+    assert exit_info.value.code == 2 and "drop --no-kv-cache" in capsys.readouterr().err
+
+
 def test_prompt_file_is_the_prompt(capsys, ckpt, tmp_path):
     (tmp_path / "p.txt").write_text(PROMPT)
     assert run(capsys, ckpt, "--prompt-file", str(tmp_path / "p.txt"))[0] == run(capsys, ckpt, "--prompt", PROMPT)[0]

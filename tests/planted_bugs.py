@@ -1,0 +1,142 @@
+"""Planted bugs: each one alone, in a scratch copy of the tree, and the tests that must catch it (a developer
+tool, never run by CI; docs/testing.md holds its last results).
+
+Each entry replaces one exact piece of code with a realistic slip (a flag ignored, a boundary moved by one,
+a default changed) and names the tests that must now fail. The script copies the tracked files to a scratch
+folder, plants one bug at a time there, runs those tests with `-x`, and prints a Markdown table: "caught"
+when they failed, "MISSED" when they all passed. The working tree is never modified.
+
+    python tests/planted_bugs.py                 # all of them (~5 minutes on 2 cores)
+    python tests/planted_bugs.py --only seed     # the ones whose id contains "seed"
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Plant:
+    id: str
+    what: str
+    file: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+SAMPLE = "tests/test_settings_sample.py"
+TRAIN = "tests/test_settings_train.py"
+MODEL = "tests/test_settings_model.py"
+ATTN = "tests/test_settings_attn.py"
+
+PLANTS = [
+    Plant("sample-seed", "sample.py ignores --seed", "sample.py",
+          "manual_seed(args.seed)", "manual_seed(0)", (SAMPLE,)),
+    Plant("sample-temperature", "sample.py ignores --temperature", "sample.py",
+          "temperature=args.temperature,", "temperature=0.8,", (SAMPLE,)),
+    Plant("sample-top-k", "sample.py ignores --top-k", "sample.py", "top_k=args.top_k,", "top_k=None,", (SAMPLE,)),
+    Plant("sample-top-p", "sample.py ignores --top-p", "sample.py", "top_p=args.top_p,", "top_p=None,", (SAMPLE,)),
+    Plant("sample-no-kv-cache", "sample.py ignores --no-kv-cache", "sample.py",
+          "use_kv_cache=not args.no_kv_cache,", "use_kv_cache=True,", (SAMPLE,)),
+    Plant("lr-cosine-offset", "the cosine decay offset by one step", "training/optim.py",
+          "progress = (step - cfg.warmup_iters)", "progress = (step + 1 - cfg.warmup_iters)", (TRAIN,)),
+    Plant("lr-warmup-boundary", "warmup `<=` for `<`", "training/optim.py",
+          "if step < cfg.warmup_iters:", "if step <= cfg.warmup_iters:", (TRAIN,)),
+    Plant("lr-decay-iters", "train.lr_decay_iters ignored", "training/optim.py",
+          "decay_iters = cfg.lr_decay_iters or cfg.max_iters", "decay_iters = cfg.max_iters", (TRAIN,)),
+    Plant("lr-min-default", "another default min_lr (lr/20 for lr/10)", "training/optim.py",
+          "else cfg.lr / 10)", "else cfg.lr / 20)", (TRAIN,)),
+    Plant("best-worse", "best/ overwritten by a worse eval", "training/trainer.py",
+          'improved = losses["val"] < result.best_val', "improved = True", (TRAIN,)),
+    Plant("eval-split", "the val loss computed on the train split", "training/evaluate.py",
+          "prepared.split_paths(split)", 'prepared.split_paths("train")', (TRAIN,)),
+    Plant("grad-clip", "train.grad_clip ignored", "training/step.py",
+          "grad_clip or math.inf)", "math.inf)", (TRAIN,)),
+    Plant("dropout-eval", "attention dropout active in eval mode", "model/attention.py",
+          "dropout_p = self.dropout_p if self.training else 0.0", "dropout_p = self.dropout_p", (MODEL,)),
+    Plant("best-val-resume", "best_val reset on resume", "training/trainer.py",
+          'result.step, result.best_val = state["step"], state["best_val"]', 'result.step = state["step"]', (TRAIN,)),
+    Plant("seed", "the seed ignored", "training/trainer.py",
+          "seed_everything(cfg.seed)", "seed_everything(1337)", (TRAIN,)),
+    Plant("probe-split", "the attention probe taken from the train split", "training/attn_monitor.py",
+          'prepared.stream("val").read(0, block_size)', 'prepared.stream("train").read(0, block_size)', (ATTN,)),
+    Plant("stats-resume", "stats.csv rows duplicated after a resume", "training/attn_monitor.py",
+          "        self._drop_rows_after(start_step)\n", "", (ATTN,)),
+    Plant("residual-init", "the residual projections' init not scaled", "model/gpt.py",
+          'std = residual_std if name.endswith(("out_proj", "fc_out")) else 0.02', "std = 0.02", (MODEL,)),
+    Plant("bpe-padding", "BPE vocabularies not padded to a multiple of 64", "training/trainer.py",
+          "size = vocab if vocab < 1024 else 64 * math.ceil(vocab / 64)", "size = vocab", (TRAIN,)),
+    Plant("generate-train-mode", "generate() does not restore train mode", "model/generate.py",
+          "model.train(was_training)", "model.eval()", (MODEL,)),
+    Plant("rope-theta", "model.rope_theta ignored", "model/gpt.py",
+          "config.rope_theta), persistent=False)", "10000.0), persistent=False)", (MODEL,)),
+    Plant("swap-recovery", "the recovery of an interrupted checkpoint swap skipped", "training/checkpoint.py",
+          "        os.replace(old, final)  # the newest complete checkpoint", "        pass  # (planted)",
+          ("tests/test_run_lock.py",)),
+    Plant("autotune-gain", "auto keeps a candidate that is not faster", "training/autotune.py",
+          "MIN_GAIN = 1.05", "MIN_GAIN = 0.5", ("tests/test_autotune.py",)),
+]
+
+
+def copy_tree(dest: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, check=True,
+                           capture_output=True, text=True).stdout.split("\n")
+    for name in filter(None, files):
+        src = REPO / name
+        if src.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+
+
+def run_plant(tree: Path, plant: Plant) -> tuple[str, float]:
+    path = tree / plant.file
+    original = path.read_text(encoding="utf-8")
+    if original.count(plant.old) != 1:
+        return f"not planted: the code to replace occurs {original.count(plant.old)} times", 0.0
+    path.write_text(original.replace(plant.old, plant.new), encoding="utf-8")
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-n", "0",
+                               *plant.tests], cwd=tree, capture_output=True, text=True,
+                              env={**os.environ, "WANDB_MODE": "disabled", "PYTHONDONTWRITEBYTECODE": "1"})
+    finally:
+        path.write_text(original, encoding="utf-8")
+    failed = [line.split(" - ")[0].removeprefix("FAILED ") for line in proc.stdout.splitlines()
+              if line.startswith(("FAILED", "ERROR"))]
+    seconds = time.perf_counter() - t0
+    return (f"caught by `{failed[0].removeprefix('tests/')}`" if proc.returncode != 0 and failed
+            else "MISSED" if proc.returncode == 0 else f"error (pytest exit {proc.returncode})"), seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="plant only the bugs whose id contains this")
+    args = parser.parse_args()
+    plants = [p for p in PLANTS if args.only in p.id]
+    rows, missed = [], 0
+    with tempfile.TemporaryDirectory(prefix="planted-") as scratch:
+        tree = Path(scratch)
+        copy_tree(tree)
+        for plant in plants:
+            verdict, seconds = run_plant(tree, plant)
+            missed += not verdict.startswith("caught")
+            rows.append(f"| `{plant.id}` | {plant.what} | `{plant.file}` | {verdict} |")
+            print(rows[-1], f"({seconds:.0f} s)", file=sys.stderr, flush=True)
+    print("| bug | what | where | result |\n|---|---|---|---|")
+    print("\n".join(rows))
+    print(f"\n{len(plants) - missed} of {len(plants)} caught.")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
