@@ -28,12 +28,14 @@
 #      6 steps, one eval, a sharded (DCP) latest/ and consolidated best/ + latest/ in /tmp/fsdp-gpu; then
 #      sample.py reads the consolidated checkpoint on CUDA
 #   4. benchmarks/train_throughput.py at GPT-2 small (124M: vocab 50304, block 1024, 12 layers, 12 heads,
-#      width 768, batch 16) on CUDA: the fp32 eager reference vs attngpt in fp32 and in bf16 autocast with
+#      width 768, batch 16) on CUDA: nanoGPT's model (fp32 eager, benchmarks/nanogpt_reference.py) vs attngpt in fp32 and in bf16 autocast with
 #      flash SDPA (forced: --sdpa-backend flash), eager and torch.compile'd, 3 repeats; appended to RESULTS.md (--save)
 #   5. a short configs/small.yaml run on CUDA in bf16 (300 steps, an eval every 100) into /tmp/small-gpu,
 #      then its val loss vs wall-clock table (benchmarks/quality_vs_time.py --metrics), appended to RESULTS.md
 #   6. benchmarks/sample_speed.py on CUDA in bf16: tokens/s with and without the KV cache at 64/256/1024 tokens
 #      of context, ms/token at positions 10 and 1000, cache bytes; appended to RESULTS.md
+#   6b. benchmarks/sample_vs_hf.py on CUDA at GPT-2 124M: attngpt eager and compiled decode vs transformers'
+#      generate, identical weights (needs transformers there)
 #   7. torch.profiler's top 25 CUDA ops of the bf16 compiled 124M training step (for explaining where time goes)
 #   8. copy benchmarks/RESULTS.md, the small run's and the FSDP run's metrics.jsonl to $OUT
 # Everything, commands included (set -x), is logged to $OUT/gpu_check.log if $OUT is set, else ./gpu_check.log.
@@ -111,7 +113,7 @@ print("imports OK without datasets and wandb")'
     # 4. training throughput at GPT-2 small, bf16 + flash SDPA + compile vs the fp32 eager reference
     step "train_throughput 124M" 270 "$PY" benchmarks/train_throughput.py --device cuda \
         --vocab 50304 --block 1024 --batch 16 --layers 12 --heads 12 --width 768 \
-        --variants reference,gpt2-sdpa-fp32,gpt2-sdpa-bf16,gpt2-sdpa-bf16-compile,modern-sdpa-bf16-compile \
+        --variants nanogpt,gpt2-sdpa-fp32,gpt2-sdpa-bf16,gpt2-sdpa-bf16-compile,modern-sdpa-bf16-compile,gpt2-auto \
         --sdpa-backend flash --warmup 3 --steps 10 --repeats 3 --save
 
     # 5. a short small.yaml run on the GPU, then its val loss vs wall-clock
@@ -123,6 +125,10 @@ print("imports OK without datasets and wandb")'
 
     # 6. sampling speed with and without the KV cache, on the GPU
     step "sample_speed cuda bf16" 90 "$PY" benchmarks/sample_speed.py --device cuda --dtype bfloat16 --reps 2
+
+    # 6b. sampling against Hugging Face generate with identical weights (eager and compiled decode, CUDA graphs)
+    step "sample_vs_hf cuda" 90 "$PY" benchmarks/sample_vs_hf.py --device cuda --shapes gpt2-124m \
+        --new-tokens 128,512 --rounds 2
 
     # 7. where the time of a compiled bf16 124M step goes
     step "profile 124M bf16 compile" 120 "$PY" benchmarks/train_throughput.py --device cuda \
