@@ -52,7 +52,8 @@ def prepared_bins() -> tuple[Path, Path, np.dtype]:
     from data.prepare import prepare_data
     from training.config import load_run_config
     prepared = prepare_data(load_run_config(HERE.parent / "configs" / "small.yaml").data, quiet=True)
-    return prepared.split_path("train"), prepared.split_path("val"), prepared.dtype
+    (train_bin,), (val_bin,) = prepared.split_paths("train"), prepared.split_paths("val")  # one shard each
+    return train_bin, val_bin, prepared.dtype
 
 
 def run_recipe(iters: int = 6000, log: bool = True) -> RecipeResult:
