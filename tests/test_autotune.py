@@ -89,3 +89,21 @@ def test_resume_reuses_the_saved_choice(tmp_path, data_dir, monkeypatch, capsys)
     capsys.readouterr()
     result = train(tiny_config(tmp_path, *common, "train.max_iters=6"))
     assert result.step == 6 and "float32 12345.0 ms/step" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dtype, compile_model", [("bfloat16", False), ("float32", True)])
+def test_the_choice_is_what_the_run_then_uses(tmp_path, monkeypatch, dtype, compile_model):
+    """decide_precision sets the runtime to what was chosen, whichever it is (on a CPU without bf16
+    instructions the real measurement always says float32, so the choice is scripted here)."""
+    def scripted(*args, **kwargs):
+        return autotune.Choice(dtype=dtype, compile=compile_model, ms_per_step={"float32": 1.0}), None
+    monkeypatch.setattr("training.autotune.choose", scripted)
+    cfg = tiny_config(tmp_path, "dtype=auto", "train.compile=auto")
+    model, optimizers = small_model_and_optimizer()
+    loader = type("Loader", (), {"state_dict": lambda self: {}, "load_state_dict": lambda self, s: None,
+                                 "next_batch": lambda self: None})()
+    rt = Runtime(torch.device("cpu"), None)
+    choice, _ = autotune.decide_precision(cfg, rt, model, optimizers, loader, steps_left=10, resumed=False)
+    assert rt.autocast_dtype == (torch.bfloat16 if dtype == "bfloat16" else None)
+    assert rt.compile is compile_model and choice.dtype == dtype
+    assert json.loads((tmp_path / autotune.CHOICE_FILE).read_text())["dtype"] == dtype
