@@ -125,6 +125,8 @@ def test_overrides_are_typed_and_nested():
     (["modle.n_layer=2"], ["unknown config key 'modle'", "did you mean 'model'"]),
     (["train.max_iters=ten"], ["'train.max_iters' got 'ten'", "expected an integer"]),
     (["train.lr=0"], ["lr=0.0", "must be > 0"]),
+    (["train.batch_size=0"], ["batch_size=0", "must be >= 1"]),
+    (["train.grad_accum=0"], ["grad_accum=0", "must be >= 1"]),
     (["model.block_size=0"], ["block_size=0", "positive integer"]),
     (["eval.iters=0"], ["iters=0", ">= 1"]),
     (["model.n_kv_head=3"], ["n_kv_head=3"]),
