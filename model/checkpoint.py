@@ -168,3 +168,18 @@ def fsync_file(path: str | Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Make a rename or a new file in the folder `path` durable, or the file `path` itself (POSIX; a no-op where
+    directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

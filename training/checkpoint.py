@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from common.errors import UserError
-from model.checkpoint import BEST, LATEST, CheckpointError, fsync_file, save_model
+from model.checkpoint import BEST, LATEST, CheckpointError, fsync_dir, fsync_file, save_model
 from model.gpt import GPT
 from training.run_lock import RunDirLock
 
@@ -143,17 +143,3 @@ def load_train_state(directory: Path) -> dict[str, Any]:
     if wrong:
         raise CheckpointError(f"'{path}' is not an attngpt training state (missing or invalid: {', '.join(wrong)})")
     return state
-
-
-def fsync_dir(path: str | Path) -> None:
-    """Make a rename or a new file in `path` durable (POSIX; a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

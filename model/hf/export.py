@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from common.errors import UserError
+from model.checkpoint import fsync_dir
 from model.gpt import GPT
 from model.hf.config_map import hf_architecture, hf_config_from_model
 from model.hf.load import weights_module
@@ -84,12 +85,12 @@ def write_model_folder(out_dir: str | Path, tensors: dict[str, torch.Tensor], js
         for name, data in (raw_files or {}).items():
             (tmp / name).write_bytes(data)
         for path in tmp.iterdir():
-            _fsync(path)
-        _fsync(tmp)
+            fsync_dir(path)
+        fsync_dir(tmp)
         if out_dir.exists():
             os.replace(out_dir, old)
         os.replace(tmp, out_dir)
-        _fsync(out_dir.parent)
+        fsync_dir(out_dir.parent)
     except (OSError, RuntimeError, ValueError) as e:  # disk full, permissions; safetensors raises its own types
         shutil.rmtree(tmp, ignore_errors=True)
         if old.exists() and not out_dir.exists():
@@ -98,16 +99,3 @@ def write_model_folder(out_dir: str | Path, tensors: dict[str, torch.Tensor], js
         raise UserError(f"could not write '{out_dir}' ({reason}); nothing was changed there") from None
     shutil.rmtree(old, ignore_errors=True)
     return out_dir
-
-
-def _fsync(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
