@@ -62,13 +62,7 @@ def save_checkpoint(out_dir: str | Path, name: str, model: GPT, extra: dict[str,
         if train_state is not None:
             torch.save(train_state, tmp / STATE_FILE)
             fsync_file(tmp / STATE_FILE)
-        fsync_dir(tmp)
-        _test_pause()
-        if final.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-        _test_pause()
-        os.replace(tmp, final)
+        rename_in(out_dir, name)
     except WRITE_ERRORS as e:
         if not final.exists() and old.is_dir():
             try:
@@ -81,6 +75,20 @@ def save_checkpoint(out_dir: str | Path, name: str, model: GPT, extra: dict[str,
     fsync_dir(out_dir)
     shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def rename_in(out_dir: Path, name: str) -> None:
+    """The complete `.name.tmp` (its files fsynced) becomes `name` with two renames (`name` -> `.name.old`, `.name.tmp`
+    -> `name`); the caller fsyncs out_dir and removes `.name.old` afterwards. Used by both writers (this one
+    and training/dist_checkpoint.py), with the crash-test pauses between the steps."""
+    final, tmp, old = out_dir / name, out_dir / f".{name}.tmp", out_dir / f".{name}.old"
+    fsync_dir(tmp)
+    _test_pause()
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    _test_pause()
+    os.replace(tmp, final)
 
 
 def _reason(e: BaseException) -> str:

@@ -22,7 +22,6 @@ a filesystem every process sees (one machine, or a shared mount across nodes).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import warnings
 from pathlib import Path
@@ -34,7 +33,7 @@ import torch.nn as nn
 
 from common.errors import UserError
 from model.checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, fsync_file
-from training.checkpoint import WRITE_ERRORS, _reason, _test_pause, fsync_dir
+from training.checkpoint import WRITE_ERRORS, _reason, fsync_dir, rename_in
 from training.runtime import Runtime, rng_state, set_rng_state
 from training.state_check import check_counters
 
@@ -71,16 +70,9 @@ def _write_consolidated(directory: Path, weights: dict[str, torch.Tensor], model
 
 def _swap_in(out_dir: Path, name: str) -> None:
     """Rank 0: the complete `.name.tmp` becomes `name` (two renames, as training/checkpoint.py does)."""
-    final, tmp, old = out_dir / name, out_dir / f".{name}.tmp", out_dir / f".{name}.old"
-    fsync_dir(tmp)
-    _test_pause()
-    if final.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-    _test_pause()
-    os.replace(tmp, final)
+    rename_in(out_dir, name)
     fsync_dir(out_dir)
-    shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(out_dir / f".{name}.old", ignore_errors=True)
 
 
 def _all_ok(ok: bool, device: torch.device) -> bool:
