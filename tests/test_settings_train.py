@@ -117,8 +117,9 @@ def test_muon_takes_the_hidden_matrices_at_its_own_lr_and_momentum():
     assert type(muon).__name__ == "Muon" and type(adamw).__name__ == "AdamW"
     hidden = {id(p) for name, p in model.named_parameters() if p.dim() == 2 and name.startswith("blocks.")}
     assert {id(p) for g in muon.param_groups for p in g["params"]} == hidden
-    (group,) = muon.param_groups
-    assert (group["lr"], group["peak_lr"], group["momentum"], group["weight_decay"]) == (0.05, 0.05, 0.8, 0.2)
+    assert len(muon.param_groups) == 3  # fused q|k|v, fused gate|up (SwiGLU), whole matrices
+    for group in muon.param_groups:
+        assert (group["lr"], group["peak_lr"], group["momentum"], group["weight_decay"]) == (0.05, 0.05, 0.8, 0.2)
     assert [(g["lr"], g["weight_decay"]) for g in adamw.param_groups] == [(2e-3, 0.2), (2e-3, 0.0)]
 
 

@@ -179,6 +179,7 @@ def choose(model: nn.Module, optimizers: Optimizers, batch: tuple[torch.Tensor, 
             loss, norm = accumulate_gradients(runner, model, lambda: (x, y), step_rt, grad_accum, grad_clip,
                                               None, optimizers)
             loss.item(), norm.item()  # the loop reads both back every step
+            optimizers.set_compute_dtype(step_rt.autocast_dtype)  # Muon's iteration in the candidate's dtype
             apply_gradients(optimizers)
         return step
 

@@ -2,7 +2,7 @@
 
 AdamW decays only 2-D weights (matmuls and embeddings): decaying norm gains and biases pulls them to 0,
 which hurts and buys nothing. `optimizer: muon` hands the 2-D weights inside the blocks to Muon
-(orthogonalised momentum, torch.optim.Muon) and keeps AdamW for embeddings, the LM head, norms and
+(orthogonalised momentum, training/muon.py) and keeps AdamW for embeddings, the LM head, norms and
 biases, which Muon is not meant for.
 """
 from __future__ import annotations
@@ -13,7 +13,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from model.config import ModelConfig
 from training.config import TrainConfig
+from training.muon import Muon
 
 
 class Optimizers:
@@ -29,6 +31,13 @@ class Optimizers:
         for opt in self.optimizers:
             for group in opt.param_groups:
                 group["lr"] = group["peak_lr"] * factor
+
+    def set_compute_dtype(self, autocast_dtype: torch.dtype | None) -> None:
+        """Muon's Newton-Schulz iteration runs in the run's compute dtype: bfloat16 where the run autocasts to
+        it (chosen by measurement under `dtype: auto`), else float32 (float16 lacks the range)."""
+        for opt in self.optimizers:
+            if isinstance(opt, Muon):
+                opt.set_ns_dtype(torch.bfloat16 if autocast_dtype == torch.bfloat16 else torch.float32)
 
     def step(self) -> None:
         for opt in self.optimizers:
@@ -58,6 +67,17 @@ class Optimizers:
         return [g for opt in self.optimizers for g in opt.param_groups]
 
 
+def fused_row_splits(name: str, config: ModelConfig) -> tuple[int, ...] | None:
+    """Row counts of the matrices fused into parameter `name` (q|k|v in the attention's input projection,
+    gate|up in SwiGLU's), or None for a matrix of one piece."""
+    if name.endswith("attn.qkv_proj.weight"):
+        return (config.n_head * config.head_dim, config.n_kv_head * config.head_dim,
+                config.n_kv_head * config.head_dim)
+    if name.endswith("mlp.fc_in.weight") and config.mlp == "swiglu":
+        return (config.hidden_dim, config.hidden_dim)
+    return None
+
+
 def build_optimizers(model: nn.Module, cfg: TrainConfig) -> Optimizers:
     params = {name: p for name, p in model.named_parameters() if p.requires_grad}
     decay = [p for p in params.values() if p.dim() >= 2]
@@ -65,11 +85,17 @@ def build_optimizers(model: nn.Module, cfg: TrainConfig) -> Optimizers:
     if cfg.optimizer == "adamw":
         return Optimizers([adamw(
             [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], cfg)])
-    # Muon: 2-D weights inside the blocks (not the embedding tables or the LM head)
-    hidden = [p for name, p in params.items() if p.dim() == 2 and name.startswith("blocks.")]
-    hidden_ids = {id(p) for p in hidden}
+    # Muon: 2-D weights inside the blocks (not the embedding tables or the LM head), grouped by how their rows
+    # split into fused parts
+    model_config: ModelConfig = model.config
+    by_splits: dict[tuple[int, ...] | None, list[nn.Parameter]] = {}
+    for name, p in params.items():
+        if p.dim() == 2 and name.startswith("blocks."):
+            by_splits.setdefault(fused_row_splits(name, model_config), []).append(p)
+    hidden_ids = {id(p) for group in by_splits.values() for p in group}
     rest_decay = [p for p in decay if id(p) not in hidden_ids]
-    muon = torch.optim.Muon(hidden, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.weight_decay)
+    muon = Muon([{"params": group, "splits": splits} for splits, group in by_splits.items()], lr=cfg.muon_lr,
+                momentum=cfg.muon_momentum, weight_decay=cfg.weight_decay)
     rest = adamw([{"params": rest_decay, "weight_decay": cfg.weight_decay},
                   {"params": no_decay, "weight_decay": 0.0}], cfg)
     return Optimizers([muon, rest])

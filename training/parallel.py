@@ -23,8 +23,9 @@ whose weights + Adam state (16 bytes per parameter in fp32) do not fit one GPU t
 FSDP2 on CPU with gloo (torch 2.13), as found here (tests/test_fsdp.py, the 124M dry run in
 tests/test_gpt2_recipe.py, and probes of each feature):
 - works: fully_shard per block + root, fp32 and bf16 params (gloo's all-gather and reduce-scatter take
-  fp32, bf16 and fp16, AVG included), fused AdamW and clip_grad_norm_ over DTensors, Muon (its
-  Newton-Schulz step on DTensors gathers each matrix: correct, 1e-5 from one process, but slower),
+  fp32, bf16 and fp16, AVG included), fused AdamW and clip_grad_norm_ over DTensors, Muon
+  (training/muon.py gathers each row-sharded matrix, orthogonalises it whole and keeps its own rows:
+  tests/test_muon.py),
   torch.compile of the sharded model, torch.distributed.checkpoint save/load, full state dicts.
 - does not work: CPUOffloadPolicy (parameters offloaded to host memory) raises "Cannot access accelerator
   device when none is available": offloading needs a GPU; attngpt does not use it.

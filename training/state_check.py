@@ -23,12 +23,11 @@ import torch
 import torch.nn as nn
 
 from model.checkpoint import CheckpointError
+from training.muon import Muon
 from training.optim import Optimizers
 
 # per-parameter state each optimizer keeps (tensors of the parameter's shape, except AdamW's scalar step)
-STATE_TENSORS = {torch.optim.AdamW: {"step", "exp_avg", "exp_avg_sq"}}
-if hasattr(torch.optim, "Muon"):
-    STATE_TENSORS[torch.optim.Muon] = {"momentum_buffer"}
+STATE_TENSORS = {torch.optim.AdamW: {"step", "exp_avg", "exp_avg_sq"}, Muon: {"momentum_buffer"}}
 MAX_COUNT = 2**62  # step and batch counts beyond this are damage, not training
 
 

@@ -220,6 +220,7 @@ def _finish_setup(cfg: RunConfig, rt: Runtime, prepared: PreparedData, model: GP
         choice, compiled = decide_precision(cfg, rt, model, optimizers, loader, tc.max_iters - result.step,
                                             resumed=latest is not None)
         logger.write(choice.summary())
+    optimizers.set_compute_dtype(rt.autocast_dtype)
     run = Run(cfg=cfg, rt=rt, out_dir=Path(cfg.out_dir), prepared=prepared,
               model=_wrap(model, rt.compile, rt, compiled), raw_model=model, optimizers=optimizers, loader=loader,
               extra=extra, files=files, logger=logger, monitor=None, result=result)
