@@ -180,6 +180,32 @@ def test_eval_interval_and_log_interval_set_when_the_run_evaluates_and_logs(tmp_
     assert [row["step"] for row in metrics(out) if "train/loss" in row] == [1, 3, 6, 7]  # the first step too
 
 
+def test_tokens_per_s_counts_training_time_only_when_evals_fall_between_log_lines(tmp_path, monkeypatch):
+    """On a scripted clock (every step 1 s, every eval and save 100 s) each logged tokens/s is exactly one
+    step's tokens per second, also for a window an eval interrupts (eval.interval 3, log_interval 4): the
+    window keeps its steps before the eval and their time, and leaves the eval's time out."""
+    import training.trainer as trainer
+    clock = [0.0]
+    monkeypatch.setattr(trainer, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    real_step, real_eval = trainer.train_step, trainer.evaluate_and_save
+
+    def step(run, i):
+        clock[0] += 1.0
+        return real_step(run, i)
+
+    def evaluate(run, i):
+        clock[0] += 100.0
+        real_eval(run, i)
+    monkeypatch.setattr(trainer, "train_step", step)
+    monkeypatch.setattr(trainer, "evaluate_and_save", evaluate)
+    out = tmp_path / "run"
+    cfg = tiny_config(out, "train.max_iters=9", "eval.interval=3", "train.log_interval=4", *QUIET)
+    train(cfg)
+    per_step = cfg.train.batch_size * cfg.model.block_size
+    rates = [row["tokens_per_s"] for row in metrics(out) if "tokens_per_s" in row]
+    assert len(rates) == 4 and rates == pytest.approx([per_step] * 4)  # steps 1, 4, 8, 9
+
+
 def test_mfu_is_measured_against_peak_flops(tmp_path):
     out = tmp_path / "run"
     result = train(tiny_config(out, "train.max_iters=4", "train.log_interval=1", "train.peak_flops=3e9",

@@ -299,11 +299,14 @@ def train_loop(run: Run, should_stop: Callable[[int], bool] | None = None) -> Tr
                 log_progress(run, step, loss_value, norm_value, time.perf_counter() - window_t0, window_steps)
                 window_t0, window_steps = time.perf_counter(), 0
 
+            paused_t0 = time.perf_counter()
             if (step + 1) % run.cfg.eval.interval == 0 or step + 1 == tc.max_iters:
                 evaluate_and_save(run, step + 1)
-                window_t0 = time.perf_counter()  # evals and saves are not training time
             elif run.monitor is not None and run.monitor.due(step + 1):
                 run.monitor.snapshot(step + 1)
+            # evals, saves and snapshots are not training time: the window's clock skips them (its steps
+            # before an eval keep their time, so tokens/s stays true when evals fall between log lines)
+            window_t0 += time.perf_counter() - paused_t0
 
             if stop.signal_name is None and should_stop is not None and should_stop(step + 1):
                 stop.signal_name = "requested"
