@@ -34,6 +34,29 @@ def test_fastest_candidate_must_beat_the_baseline_by_more_than_noise():
     assert autotune._fastest({"float32": 100.0, "bfloat16": 120.0}, "float32") == "float32"
 
 
+
+def test_candidates_are_timed_in_turn_and_keep_their_fastest_round(monkeypatch):
+    """On a scripted clock: eager steps take 0.5 s, but a burst of load makes the first round's 1.0 s; compiled
+    steps take 0.45 s throughout. Timed one after the other the burst would decide (compiled 2.2x); in turn,
+    each keeping its fastest round, eager is 500 ms and compiled 450 ms. A lone candidate gets one round."""
+    import types
+    clock, calls = [0.0], []
+    monkeypatch.setattr(autotune, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(autotune, "MEASURE_S", 0.0)  # each round is MIN_STEPS steps
+    durations = {"eager": [1.0] * autotune.MIN_STEPS + [0.5] * 100, "compiled": [0.45] * 100}
+
+    def step_of(name):
+        def step():
+            calls.append(name)
+            clock[0] += durations[name].pop(0)
+        return step
+    ms = autotune._time_rounds({"eager": step_of("eager"), "compiled": step_of("compiled")}, torch.device("cpu"))
+    assert ms == pytest.approx({"eager": 500.0, "compiled": 450.0})
+    assert calls == (["eager"] * autotune.MIN_STEPS + ["compiled"] * autotune.MIN_STEPS) * autotune.ROUNDS
+    calls.clear()
+    autotune._time_rounds({"compiled": step_of("compiled")}, torch.device("cpu"))
+    assert calls == ["compiled"] * autotune.MIN_STEPS
+
 def test_measuring_leaves_weights_optimizer_and_rng_as_they_were(monkeypatch):
     monkeypatch.setattr(autotune, "MEASURE_S", 0.0)
     monkeypatch.setattr(autotune, "COMPILE_MIN_RUN_S", 0.0)  # try the compile candidate too...

@@ -3,8 +3,8 @@
 Why measure: the same code is 2x faster in bf16 on a CPU with AMX and 3x slower on one without it, and
 torch.compile repays its compile time on a long run of a small model but not on a short one. No constant
 can know which machine it runs on, so a run with either setting on `auto` times a few of its own training
-steps (forward, backward, clip, optimizer step, on one batch of its own data) in each candidate and keeps
-the fastest:
+steps (forward, backward, clip, optimizer step, on one batch of its own data) in each candidate -- the
+candidates compared timed in turn, ROUNDS rounds, each keeping its fastest round -- and keeps the fastest:
 
   1. float32 eager (always: the baseline, and what an explicit `dtype: float32` would run);
   2. bfloat16 autocast eager, when the device supports bf16 and a short matmul probe does not already show
@@ -42,8 +42,12 @@ from training.writes import could_not_write
 CHOICE_FILE = "autotune.json"
 MIN_GAIN = 1.05  # a candidate must beat float32 eager by 5% (timing noise on a shared machine is a few %)
 COMPILE_MIN_RUN_S = 60.0  # try compiling only when the run's remaining eager time is at least this long
-MEASURE_S = 1.0  # time each candidate for about this long (at least MIN_STEPS steps)
-MIN_STEPS = 3
+MEASURE_S = 1.0  # time each candidate for about this long in all (at least MIN_STEPS steps a round)
+MIN_STEPS = 2
+# candidates compared with each other are timed in turn, ROUNDS times, each keeping its fastest round: drift and
+# bursts of load on a shared machine hit a round, not every round of one candidate (timed one after the other,
+# a 1.2x compile gain once measured 1.05x and the run went eager)
+ROUNDS = 3
 
 
 @dataclass
@@ -138,12 +142,24 @@ class _Snapshot:
             torch.cuda.set_rng_state(self.cuda_rng, self.device)
 
 
-def _time_steps(step: Callable[[], None], device: torch.device) -> float:
-    """ms per step: MIN_STEPS steps at least, and about MEASURE_S seconds."""
+def _time_rounds(steps: dict[str, Callable[[], None]], device: torch.device) -> dict[str, float]:
+    """ms per step of each candidate: ROUNDS rounds, the candidates in turn within each, of about
+    MEASURE_S / ROUNDS seconds (MIN_STEPS steps at least); each candidate's fastest round. A lone candidate
+    (compared with nothing) gets one round."""
+    fastest: dict[str, float] = {}
+    for _ in range(ROUNDS if len(steps) > 1 else 1):
+        for name, step in steps.items():
+            ms = _time_steps(step, device, MEASURE_S / ROUNDS)
+            fastest[name] = min(fastest.get(name, ms), ms)
+    return fastest
+
+
+def _time_steps(step: Callable[[], None], device: torch.device, seconds: float) -> float:
+    """ms per step: MIN_STEPS steps at least, and about `seconds`."""
     n, elapsed = 0, 0.0
     synchronize(device)
     t0 = time.perf_counter()
-    while n < MIN_STEPS or elapsed < MEASURE_S:
+    while n < MIN_STEPS or elapsed < seconds:
         step()
         n += 1
         synchronize(device)
@@ -184,10 +200,10 @@ def choose(model: nn.Module, optimizers: Optimizers, batch: tuple[torch.Tensor, 
         return step
 
     try:
-        for dtype in dtypes:
-            step = steps_with(model, dtype)
+        eager = {dtype: steps_with(model, dtype) for dtype in dtypes}
+        for step in eager.values():
             step()  # warm-up: allocator, kernel selection, optimizer state
-            ms[dtype] = _time_steps(step, device)
+        ms.update(_time_rounds(eager, device))
         best = _fastest(ms, baseline="float32" if dtype_setting == "auto" else dtypes[0])
         compiled, compile_seconds, use_compile = None, None, compile_setting is True
         if compile_setting == "auto":
@@ -205,7 +221,8 @@ def choose(model: nn.Module, optimizers: Optimizers, batch: tuple[torch.Tensor, 
                     step()  # a second call can recompile (e.g. after the optimizer's first step)
                     synchronize(device)
                     compile_seconds = time.perf_counter() - t0
-                    ms[f"{best} compiled"] = _time_steps(step, device)
+                    # eager again, in turn with the compiled step: the two numbers compared share the minutes
+                    ms.update(_time_rounds({best: eager[best], f"{best} compiled": step}, device))
                     use_compile = ms[best] / ms[f"{best} compiled"] >= MIN_GAIN
                 except Exception as e:  # no C++ compiler, an unsupported op, ...: stay eager
                     notes.append(f"compile failed ({type(e).__name__}: {' '.join(str(e).split())[:100]})")
