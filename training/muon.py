@@ -7,8 +7,8 @@ iteration of 5 matmul steps gets singular values into about [0.7, 1.2] instead o
 as well. Embeddings, the LM head, norms and biases stay with AdamW (training/optim.py).
 
 Written here rather than taken from torch.optim.Muon (torch >= 2.9), which runs the iteration in bfloat16
-always: on a CPU without bf16 instructions that is ~100x slower than float32 and turned a 0.3 s training
-step into 1.1 s. Here the iteration runs in `ns_dtype`: the run's compute dtype, which `dtype: auto`
+always: on a CPU without bf16 instructions, whose bf16 matmuls run at ~1% of float32's speed, that turned
+a 0.36 s training step of small.yaml into 1.07 s. Here the iteration runs in `ns_dtype`: the run's compute dtype, which `dtype: auto`
 measures (float32, or bfloat16 where it is faster).
 
 Fused matrices are orthogonalised part by part: the attention's q/k/v projection is one Linear, SwiGLU's
@@ -54,7 +54,8 @@ def orthogonalize_parts(updates: Sequence[torch.Tensor], splits: Sequence[Sequen
                         dtype: torch.dtype) -> list[torch.Tensor]:
     """orthogonalize() of each block of rows of each update (splits[i]: the row counts of updates[i], None: the
     whole matrix), each block scaled by sqrt(max(1, rows / cols)) of its own shape. Blocks of one shape are
-    stacked and iterated together: a small model's step is bound by per-op overhead, not by the matmuls."""
+    stacked and iterated together, one batched matmul instead of one per matrix (fewer kernel launches; on a
+    2-core CPU as fast as one at a time for small.yaml's matrices: benchmarks/muon_step.py)."""
     parts = [list(u.split(list(s))) if s else [u] for u, s in zip(updates, splits)]
     by_shape: dict[tuple[int, int], list[tuple[int, int]]] = {}  # shape -> [(update index, part index)]
     for i, blocks in enumerate(parts):
