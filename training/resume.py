@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch.nn as nn
 
 from common.errors import UserError
 from data.prepare import PreparedData
@@ -20,8 +21,9 @@ from model.checkpoint import WEIGHTS_FILE, CheckpointError, load_weights, read_c
 from model.config import ModelConfig
 from model.gpt import GPT
 from training.checkpoint import STATE_FILE, load_train_state
+from training.dist_checkpoint import load_sharded
 from training.optim import Optimizers
-from training.runtime import set_rng_state
+from training.runtime import Runtime, set_rng_state
 from training.state_check import check_train_state
 
 FINGERPRINT_BYTES = 1 << 20  # of each token bin: its first and last MiB, and its length
@@ -90,15 +92,16 @@ def _describe_data(data: dict[str, Any]) -> str:
             f"fingerprint {data.get('fingerprint')}")
 
 
+def _refuse(latest: Path, out_dir: Path, reason: str) -> UserError:
+    return UserError(f"cannot resume from '{latest}': {reason}; use another out_dir, or delete '{out_dir}' "
+                     f"to start over")
+
+
 def resume(latest: Path, out_dir: Path, model: GPT, optimizers: Optimizers, loader: Any, extra: dict[str, Any],
            max_iters: int) -> dict[str, Any]:
     """Load weights, optimizer, loader position and RNG states from `latest` into the fresh run, after every
     check above. Returns the training state (step, best_val, skipped_steps). A checkpoint that does not fit
     is a UserError, raised before any global state (RNGs) changes."""
-    def refuse(reason: str) -> UserError:
-        return UserError(f"cannot resume from '{latest}': {reason}; use another out_dir, or delete '{out_dir}' "
-                         f"to start over")
-
     try:  # read and check everything first: a bad checkpoint fails before any state is changed
         saved = read_config(latest)
         check_same_data(saved, extra, out_dir)  # first: other data (a tokenizer of another size) explains a
@@ -107,7 +110,7 @@ def resume(latest: Path, out_dir: Path, model: GPT, optimizers: Optimizers, load
         state = load_train_state(latest)
         check_train_state(state, latest / STATE_FILE, model, optimizers, max_iters)
     except CheckpointError as e:
-        raise refuse(str(e)) from None
+        raise _refuse(latest, out_dir, str(e)) from None
     try:
         optimizers.load_state_dict(state["optimizer"])
         loaders = state.get("loaders")  # every process's loader position (one process: loaders[0] is "loader")
@@ -115,6 +118,19 @@ def resume(latest: Path, out_dir: Path, model: GPT, optimizers: Optimizers, load
                                else state["loader"])
         set_rng_state(state["rng"])
     except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:  # what the checks cannot foresee
-        raise refuse(f"its {STATE_FILE} does not fit this run ({type(e).__name__}: "
+        raise _refuse(latest, out_dir, f"its {STATE_FILE} does not fit this run ({type(e).__name__}: "
                      f"{' '.join(str(e).split())[:160]})") from None
     return state
+
+
+def resume_sharded(latest: Path, out_dir: Path, model: nn.Module, optimizers: Optimizers, loader: Any,
+                   extra: dict[str, Any], rt: Runtime, max_iters: int) -> dict[str, Any]:
+    """`resume` for an FSDP run: the same checks of model and data, then the sharded weights and optimizer
+    state through torch.distributed.checkpoint (training/dist_checkpoint.py). Returns the training state."""
+    try:
+        saved = read_config(latest)
+    except CheckpointError as e:
+        raise _refuse(latest, out_dir, str(e)) from None
+    check_same_data(saved, extra, out_dir)
+    check_same_model(saved, model.config, out_dir)
+    return load_sharded(latest, out_dir, model, optimizers, loader, rt, max_iters)

@@ -19,19 +19,18 @@ from common.errors import UserError
 from data.loader import BatchLoader
 from data.prepare import PreparedData, prepare_data
 from data.tokenizer import stored_tokenizer
-from model.checkpoint import CheckpointError, read_config
 from model.config import ModelConfig
 from model.gpt import GPT
 from model.memory import BYTES_FP32, TRAINING_BYTES_PER_PARAM, check_fits_in_memory
 from training.checkpoint import BEST, LATEST, checkpoint_dir, save_checkpoint
 from training.config import RunConfig, config_to_yaml
-from training.dist_checkpoint import STATE_FILE as FSDP_STATE_FILE, load_sharded, save_sharded
+from training.dist_checkpoint import STATE_FILE as FSDP_STATE_FILE, save_sharded
 from training.evaluate import evaluate
 from training.init_from import init_model_config, init_source
 from training.logger import RunLogger
 from training.optim import Optimizers, build_optimizers, lr_factor
 from training.parallel import MonitorFollower, agreed_stop, is_sharded, shard_model
-from training.resume import check_same_data, check_same_model, data_fingerprint, resume
+from training.resume import data_fingerprint, resume, resume_sharded
 from training.run_lock import RunDirLock, lock_run_dir
 from training.step import accumulate_gradients, apply_gradients
 from training.stop import StopRequested
@@ -255,20 +254,6 @@ def _check_memory(model_cfg: ModelConfig, rt: Runtime, sharded: bool) -> None:
     per_param = max(1, TRAINING_BYTES_PER_PARAM // rt.world_size) if sharded else TRAINING_BYTES_PER_PARAM
     check_fits_in_memory(model_cfg, rt.device, per_param, source="this run's config",
                          what="its weights, gradients and AdamW moments")
-
-
-def resume_sharded(latest: Path, out_dir: Path, model: nn.Module, optimizers: Optimizers, loader: BatchLoader,
-                   extra: dict[str, Any], rt: Runtime, max_iters: int) -> dict[str, Any]:
-    """`resume` for an FSDP run: the same checks of model and data, then the sharded weights and optimizer
-    state through DCP. Returns the training state (step, best_val, skipped_steps)."""
-    try:
-        saved = read_config(latest)
-    except CheckpointError as e:
-        raise UserError(f"cannot resume from '{latest}': {e}; use another out_dir, or delete '{out_dir}' to "
-                        f"start over") from None
-    check_same_data(saved, extra, out_dir)
-    check_same_model(saved, model.config, out_dir)
-    return load_sharded(latest, out_dir, model, optimizers, loader, rt, max_iters)
 
 
 def _wrap(model: GPT, compile_model: bool, rt: Runtime, compiled: nn.Module | None = None) -> nn.Module:
