@@ -253,3 +253,31 @@ def test_a_long_context_model_samples_with_a_cache_sized_to_the_generation(monke
                         original(b, max_len, **kw))
     out = generate(model, torch.zeros(1, 5, dtype=torch.long), max_new_tokens=7, temperature=0.0)
     assert out.shape == (1, 12) and sizes == [12]
+
+
+@pytest.mark.parametrize("name, embedding", [("gpt2", "transformer.wte.weight"),
+                                             ("llama_tied", "model.embed_tokens.weight")])
+def test_a_tied_checkpoint_that_also_stores_its_head_loads_if_the_copy_is_the_embedding(folders, tmp_path, name,
+                                                                                        embedding):
+    """Some tied checkpoints store lm_head.weight anyway: a copy equal to the embedding is accepted (same
+    logits as without it); one that differs contradicts tie_word_embeddings and is refused."""
+    from safetensors.torch import save_file
+    reference = open_pretrained(str(folders[name])).build()
+    idx = torch.randint(0, reference.config.vocab_size, (1, 24))
+    for head, expect in (("copy", None), ("other", "lm_head.weight differs from the token embedding")):
+        folder = tmp_path / f"{name}_{head}"
+        folder.mkdir()
+        for path in folders[name].iterdir():
+            (folder / path.name).write_bytes(path.read_bytes())
+        state = load_file(folder / "model.safetensors")
+        assert "lm_head.weight" not in state  # transformers leaves a tied head out: the test adds it
+        state["lm_head.weight"] = state[embedding].clone() + (0.0 if head == "copy" else 1e-3)
+        save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+        if expect:
+            with pytest.raises(UserError, match=expect):
+                open_pretrained(str(folder)).build()
+            continue
+        model = open_pretrained(str(folder)).build()
+        assert model.lm_head.weight is model.tok_emb.weight
+        with torch.no_grad():
+            assert torch.equal(model(idx)[0], reference(idx)[0])
