@@ -20,15 +20,14 @@ warning line. In arguments and environment values these placeholders stand for p
 from __future__ import annotations
 
 import json
-import math
 import pickle
 import shutil
-import struct
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from tests.bad_input_hf import hf_cases
 from tests.bad_input_trust import MORE_DAMAGE, more_cases
 from tests.helpers import Plant
 
@@ -258,109 +257,8 @@ CASES: list[Case] = [
          ("tokenizer description", "is not valid", "config.json is damaged", "--ckpt"), damage="bad_tokenizer"),
 ]
 
-# --- Hugging Face checkpoints (convert.py, sample.py --ckpt, train.init_from) --------------------------------
-
-
-def _safetensors(shapes: dict[str, list[int]]) -> bytes:
-    """A safetensors file of float32 zeros, written by hand (the table needs no torch)."""
-    header, offset = {}, 0
-    for name, shape in shapes.items():
-        size = 4 * math.prod(shape)
-        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
-        offset += size
-    blob = json.dumps(header).encode()
-    blob += b" " * (-len(blob) % 8)
-    return struct.pack("<Q", len(blob)) + blob + bytes(offset)
-
-
-_GPT2 = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": 16, "n_positions": 8,
-         "n_embd": 8, "n_layer": 1, "n_head": 2}
-_GPT2_WEIGHTS = _safetensors({
-    "wte.weight": [16, 8], "wpe.weight": [8, 8], "ln_f.weight": [8], "ln_f.bias": [8],
-    **{f"h.0.{n}": s for n, s in [("ln_1.weight", [8]), ("ln_1.bias", [8]), ("attn.c_attn.weight", [8, 24]),
-                                   ("attn.c_attn.bias", [24]), ("attn.c_proj.weight", [8, 8]),
-                                   ("attn.c_proj.bias", [8]),
-                                   ("ln_2.weight", [8]), ("ln_2.bias", [8]), ("mlp.c_fc.weight", [8, 32]),
-                                   ("mlp.c_fc.bias", [32]), ("mlp.c_proj.weight", [32, 8]), ("mlp.c_proj.bias", [8])]}})
-_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 16, "hidden_size": 8,
-          "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2,
-          "max_position_embeddings": 8, "tie_word_embeddings": False}
-_LLAMA_WEIGHTS = _safetensors({
-    "model.embed_tokens.weight": [16, 8], "model.norm.weight": [8], "lm_head.weight": [16, 8],
-    **{f"model.layers.0.{n}.weight": [8, 8] for n in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                                      "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
-                                                      "mlp.down_proj")},
-    "model.layers.0.input_layernorm.weight": [8], "model.layers.0.post_attention_layernorm.weight": [8]})
-NO_HUB = {"HF_HUB_OFFLINE": "1", "HF_HOME": "{tmp}/hf_home"}
-FAKE_TOKENIZERS = 'raise ImportError("No module named \'tokenizers\' (simulated by tests/bad_input_cases.py)")\n'
-
-CASES += [
-    Case("convert-no-args", "convert.py", "flags", "no subcommand", (),
-         ("the following arguments are required: {to-hf,from-hf}", "see convert.py --help")),
-    Case("convert-hub-offline", "convert.py", "environment", "a hub id that is not cached, offline",
-         ("from-hf", "nonexistent-org/no-such-model", "{out}"),
-         ("could not fetch 'nonexistent-org/no-such-model' from the Hugging Face hub", "pass a local folder"),
-         env=NO_HUB),
-    Case("convert-unsupported-architecture", "convert.py", "checkpoint", "an architecture attngpt cannot be (BERT)",
-         ("from-hf", "{tmp}/bert", "{out}"),
-         ("unsupported architecture BertForMaskedLM", "attngpt converts GPT2LMHeadModel, LlamaForCausalLM"),
-         files={"bert/config.json": json.dumps({"architectures": ["BertForMaskedLM"], "model_type": "bert"})}),
-    Case("convert-qkv-bias", "convert.py", "checkpoint", "biases on q, k, v only (Qwen2)",
-         ("from-hf", "{tmp}/qwen", "{out}"), ("unsupported architecture Qwen2ForCausalLM (biases on q, k, v only)",),
-         files={"qwen/config.json": json.dumps({**_LLAMA, "architectures": ["Qwen2ForCausalLM"],
-                                                "model_type": "qwen2"})}),
-    Case("convert-rope-scaling", "convert.py", "checkpoint", "Llama 3.1's rope scaling",
-         ("from-hf", "{tmp}/llama", "{out}"), ("rope_scaling 'llama3' has no attngpt equivalent", "unscaled"),
-         files={"llama/config.json": json.dumps({**_LLAMA, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})}),
-    Case("convert-sliding-window", "convert.py", "checkpoint", "Mistral with a sliding window shorter than its context",
-         ("from-hf", "{tmp}/mistral", "{out}"), ("sliding_window=4 has no attngpt equivalent",),
-         files={"mistral/config.json": json.dumps({**_LLAMA, "architectures": ["MistralForCausalLM"],
-                                                   "model_type": "mistral", "sliding_window": 4})}),
-    Case("convert-no-weights", "convert.py", "checkpoint", "only pytorch_model.bin (a pickle), no safetensors",
-         ("from-hf", "{tmp}/gpt2", "{out}"),
-         ("no model.safetensors or model.safetensors.index.json", "pickle files, which attngpt never loads"),
-         files={"gpt2/config.json": json.dumps(_GPT2), "gpt2/pytorch_model.bin": b"PK\x03\x04 never unpickled"}),
-    Case("convert-truncated-weights", "convert.py", "checkpoint", "model.safetensors cut short",
-         ("from-hf", "{tmp}/gpt2", "{out}"), ("model.safetensors' is corrupted or truncated",),
-         files={"gpt2/config.json": json.dumps(_GPT2), "gpt2/model.safetensors": _GPT2_WEIGHTS[:-100]}),
-    Case("convert-config-contradicts-weights", "convert.py", "checkpoint",
-         "config.json says n_embd 16, weights are 8 wide", ("from-hf", "{tmp}/gpt2", "{out}"),
-         ("contradicts the weights beside it", "shape transformer.wte.weight (16, 8)"),
-         files={"gpt2/config.json": json.dumps({**_GPT2, "n_embd": 16}), "gpt2/model.safetensors": _GPT2_WEIGHTS}),
-    Case("convert-missing-shard", "convert.py", "checkpoint", "a sharded checkpoint missing one shard",
-         ("from-hf", "{tmp}/gpt2", "{out}"), ("lacks shard(s) model-00002-of-00002.safetensors", "incomplete"),
-         files={"gpt2/config.json": json.dumps(_GPT2), "gpt2/model-00001-of-00002.safetensors": _GPT2_WEIGHTS,
-                "gpt2/model.safetensors.index.json": json.dumps({"weight_map": {
-                    "wte.weight": "model-00001-of-00002.safetensors", "wpe.weight": "model-00002-of-00002.safetensors"}})}),
-    Case("convert-out-dir-not-empty", "convert.py", "environment", "OUT_DIR holds other files",
-         ("to-hf", "{run}", "{tmp}/full"), ("exists and is not empty", "give a new folder, or pass --force"),
-         files={"full/notes.txt": "keep me\n"}),
-    Case("convert-no-hf-equivalent", "convert.py", "checkpoint", "RoPE with LayerNorm and GELU: no HF architecture",
-         ("to-hf", "{tmp}/ckpt", "{out}"), ("pos='rope'", "has no Hugging Face equivalent",
-                                           "GPT2LMHeadModel needs pos=learned"),
-         files={"ckpt/config.json": json.dumps({"model": {"vocab_size": 2, "block_size": 8, "n_layer": 1, "n_head": 1,
-                                                          "d_model": 8, "pos": "rope", "norm": "layernorm", "mlp": "gelu"},
-                                                "tokenizer": {"kind": "char", "chars": "ab"}})}),
-    Case("train-init-from-contradicts", "train.py", "config", "a model key that contradicts train.init_from",
-         (*TRAIN, "train.init_from={run}", "model.n_layer=3"),
-         ("model.n_layer=3 contradicts train.init_from", "whose n_layer is 2", "remove model.n_layer")),
-    Case("train-init-from-other-tokenizer", "train.py", "config", "data.tokenizer unlike train.init_from's",
-         (*TRAIN, "train.init_from={run}", "data.tokenizer=gpt2"),
-         ("data.tokenizer='gpt2' but train.init_from", "uses a char vocabulary of 65 characters", "remove data.tokenizer")),
-    Case("train-init-from-missing", "train.py", "config", "train.init_from names nothing", (*TRAIN, "train.init_from={tmp}/nothing"),
-         ("no checkpoint at", "pass train.init_from a run's out_dir, a checkpoint folder, a Hugging Face model folder")),
-    Case("sample-hub-offline", "sample.py", "environment", "--ckpt a hub id that is not cached, offline",
-         ("--ckpt", "nonexistent-org/no-such-model"), ("could not fetch", "pass a local folder"), env=NO_HUB),
-    Case("sample-hf-without-tokenizers", "sample.py", "environment",
-         "a Llama-family folder but `import tokenizers` fails (the hf extra is not installed)",
-         ("--ckpt", "{tmp}/llama"), ("needs the tokenizers package", "pip install -e '.[hf]'"),
-         env={"PYTHONPATH": "{tmp}/shadow"},
-         files={"llama/config.json": json.dumps(_LLAMA), "llama/model.safetensors": _LLAMA_WEIGHTS,
-                "llama/tokenizer.json": "{}", "shadow/tokenizers/__init__.py": FAKE_TOKENIZERS}),
-]
-
-
-# the cases of tests/bad_input_trust.py
+# the cases of tests/bad_input_hf.py and tests/bad_input_trust.py
+CASES += hf_cases(Case, TRAIN)
 DAMAGE.update(MORE_DAMAGE)
 CASES += more_cases(Case, TRAIN, RESUME)
 
