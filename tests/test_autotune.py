@@ -57,6 +57,18 @@ def test_candidates_are_timed_in_turn_and_keep_their_fastest_round(monkeypatch):
     autotune._time_rounds({"compiled": step_of("compiled")}, torch.device("cpu"))
     assert calls == ["compiled"] * autotune.MIN_STEPS
 
+def test_the_peak_mfu_is_measured_against_is_the_fastest_round(monkeypatch):
+    """On a scripted clock the first of three rounds is slowed 4x by a burst of load: the peak is the
+    fastest round's rate, so a run's MFU is not inflated by the burst."""
+    import types
+    import training.runtime as runtime
+    rounds = iter([(0.0, 1.0), (1.0, 1.25), (1.25, 1.5)])  # (start, end) of each round: 1.0 s, 0.25 s, 0.25 s
+    clock = iter(t for pair in rounds for t in pair)
+    monkeypatch.setattr(runtime, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    size, reps = 16, 4  # reps: the CPU default
+    assert runtime.measure_peak_flops(torch.device("cpu"), None, size=size) == pytest.approx(2 * size**3 * reps / 0.25)
+
+
 def test_measuring_leaves_weights_optimizer_and_rng_as_they_were(monkeypatch):
     monkeypatch.setattr(autotune, "MEASURE_S", 0.0)
     monkeypatch.setattr(autotune, "COMPILE_MIN_RUN_S", 0.0)  # try the compile candidate too...
