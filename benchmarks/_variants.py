@@ -1,5 +1,6 @@
 """What benchmarks/train_throughput.py measures: its variants, parsed from names such as
-`modern-sdpa-bf16-compile`, and the model configuration each one stands for (see that script's docstring)."""
+`modern-sdpa-bf16-compile`, the model configuration each one stands for, and the shapes and batch they run
+on (see that script's docstring)."""
 from __future__ import annotations
 
 import argparse
@@ -21,6 +22,7 @@ VARIANT_RE = re.compile(r"^(?P<preset>gpt2|modern)-(?:(?P<auto>auto)|(?P<attn>ma
                         r"(?P<compile>-compile)?)$")
 DEFAULT_VARIANTS = ("nanogpt", "textbook", "gpt2-sdpa-fp32", "gpt2-sdpa-fp32-compile", "modern-sdpa-fp32",
                     "modern-sdpa-fp32-compile", "modern-sdpa-bf16", "modern-auto")
+SEED = 1337  # of the one random batch every variant trains on
 # named shapes: (vocab, block, batch, layers, heads, width)
 SHAPES = {"cpu": (65, 64, 12, 4, 4, 128),  # nanoGPT's CPU command line (README), shakespeare-char
           "char": (65, 256, 8, 6, 6, 384)}  # nanoGPT's shakespeare-char model at batch 8
@@ -108,3 +110,39 @@ def counting_model(cfg: ModelConfig) -> GPT:
     """A GPT on the meta device: parameter shapes for counting, no memory, no initialisation cost."""
     with torch.device("meta"):
         return GPT(cfg)
+
+
+def shape_list(args: argparse.Namespace) -> list[tuple[str, tuple[int, ...]]]:
+    custom = [getattr(args, n) for n in ("vocab", "block", "batch", "layers", "heads", "width")]
+    if any(v is not None for v in custom):
+        base = SHAPES["cpu"]
+        dims = tuple(v if v is not None else d for v, d in zip(custom, base))
+        if any(d < 1 for d in dims):
+            raise UserError("--vocab/--block/--batch/--layers/--heads/--width must be >= 1")
+        if dims[5] % dims[4]:
+            raise UserError(f"--width {dims[5]} must be divisible by --heads {dims[4]}")
+        return [("custom", dims)]
+    names = [n.strip() for n in args.shapes.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SHAPES]
+    if unknown or not names:
+        raise UserError(f"--shapes {args.shapes!r}: use names from {', '.join(SHAPES)}")
+    return [(n, SHAPES[n]) for n in names]
+
+
+def set_shape(args: argparse.Namespace, name: str, dims: tuple[int, ...]) -> None:
+    """Put shape `name` into args (vocab ... width) with its timing defaults, unless given on the command line."""
+    args.shape_name = name
+    args.vocab, args.block, args.batch, args.layers, args.heads, args.width = dims
+    big = args.block * args.width >= 256 * 384
+    args.steps_now = args.steps or (4 if big else 20)
+    args.warmup_now = args.warmup if args.warmup is not None else (2 if big else 5)
+    args.repeats_now = args.repeats
+    if args.quick:
+        args.steps_now, args.repeats_now, args.warmup_now, args.peak_trials = 2, 2, 1, 1
+
+
+def random_batch(args: argparse.Namespace, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(SEED)
+    x = torch.randint(0, args.vocab, (args.batch, args.block), generator=gen).to(device)
+    y = torch.randint(0, args.vocab, (args.batch, args.block), generator=gen).to(device)
+    return x, y

@@ -16,7 +16,6 @@ nanoGPT's data/shakespeare_char/prepare.py).
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import time

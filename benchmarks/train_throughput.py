@@ -57,8 +57,8 @@ import torch  # noqa: E402
 
 import _report  # noqa: E402
 from _report import nominal_peaks  # noqa: E402
-from _variants import (DEFAULT_VARIANTS, DTYPES, PRESETS, SHAPES, Variant, counting_model,  # noqa: E402
-                       model_config, parse_variants)
+from _variants import (DEFAULT_VARIANTS, DTYPES, PRESETS, SEED, SHAPES, Variant, counting_model,  # noqa: E402
+                       model_config, parse_variants, random_batch, set_shape, shape_list)
 from common.errors import ArgumentParser, UserError, user_errors_exit  # noqa: E402
 from model import GPT  # noqa: E402
 from nanogpt_reference import NanoGPT, NanoShape  # noqa: E402
@@ -72,7 +72,6 @@ from training.runtime import Runtime, measure_peak_flops, synchronize  # noqa: E
 from training.step import accumulate_gradients, apply_gradients  # noqa: E402
 
 GRAD_CLIP = 1.0
-SEED = 1337
 
 
 def sdpa_context(backend: str) -> contextlib.AbstractContextManager:
@@ -265,42 +264,6 @@ def main() -> None:
         for block in blocks:
             section += block
         print(f"appended to {_report.append_section(section)}")
-
-
-def shape_list(args: argparse.Namespace) -> list[tuple[str, tuple[int, ...]]]:
-    custom = [getattr(args, n) for n in ("vocab", "block", "batch", "layers", "heads", "width")]
-    if any(v is not None for v in custom):
-        base = SHAPES["cpu"]
-        dims = tuple(v if v is not None else d for v, d in zip(custom, base))
-        if any(d < 1 for d in dims):
-            raise UserError("--vocab/--block/--batch/--layers/--heads/--width must be >= 1")
-        if dims[5] % dims[4]:
-            raise UserError(f"--width {dims[5]} must be divisible by --heads {dims[4]}")
-        return [("custom", dims)]
-    names = [n.strip() for n in args.shapes.split(",") if n.strip()]
-    unknown = [n for n in names if n not in SHAPES]
-    if unknown or not names:
-        raise UserError(f"--shapes {args.shapes!r}: use names from {', '.join(SHAPES)}")
-    return [(n, SHAPES[n]) for n in names]
-
-
-def set_shape(args: argparse.Namespace, name: str, dims: tuple[int, ...]) -> None:
-    """Put shape `name` into args (vocab ... width) with its timing defaults, unless given on the command line."""
-    args.shape_name = name
-    args.vocab, args.block, args.batch, args.layers, args.heads, args.width = dims
-    big = args.block * args.width >= 256 * 384
-    args.steps_now = args.steps or (4 if big else 20)
-    args.warmup_now = args.warmup if args.warmup is not None else (2 if big else 5)
-    args.repeats_now = args.repeats
-    if args.quick:
-        args.steps_now, args.repeats_now, args.warmup_now, args.peak_trials = 2, 2, 1, 1
-
-
-def random_batch(args: argparse.Namespace, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(SEED)
-    x = torch.randint(0, args.vocab, (args.batch, args.block), generator=gen).to(device)
-    y = torch.randint(0, args.vocab, (args.batch, args.block), generator=gen).to(device)
-    return x, y
 
 
 def machine_extra(device: torch.device) -> list[str]:
