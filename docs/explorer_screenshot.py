@@ -2,7 +2,7 @@
 headless Chromium (the browser the tests drive) with one layer, some heads and one query chosen.
 
     python sample.py --prompt "..." --dump-attn all --dump-dir /tmp/dump --max-new-tokens 0
-    python docs/explorer_screenshot.py /tmp/dump/attention.html docs/explorer_small.png --layer 3 --heads 0,3 --query 40
+    python docs/explorer_screenshot.py /tmp/dump/attention.html docs/explorer_small.png --layer 1 --heads 0,2 --query 71
 
 The PNG is reduced to a 256-colour palette (Pillow, which matplotlib installs) to keep the repository small.
 """
