@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import types
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO, prepared_shakespeare_dir, tiny_config
-from training.logger import RunLogger
+from training.logger import RunLogger, call_interruptibly
 
 
 @pytest.fixture(scope="module")
@@ -80,13 +81,63 @@ def silent_server() -> tuple[socket.socket, int]:
 def online_train(out: Path, data_dir: Path, port: int, log: Path, timeout: float) -> subprocess.Popen:
     import os
     env = {**os.environ, "WANDB_BASE_URL": f"http://127.0.0.1:{port}", "WANDB_API_KEY": "k" * 40,
-           "ATTNGPT_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"}
+           "ATTNGPT_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true",
+           "PYTHONFAULTHANDLER": "1"}  # SIGABRT then prints the Python stack of every thread
     env.pop("WANDB_MODE", None)
     with open(log, "w") as err:
         return subprocess.Popen([sys.executable, "train.py", "configs/tiny.yaml", f"out_dir={out}", "wandb.mode=online",
                                  f"wandb.init_timeout={timeout}", "train.max_iters=2", "eval.interval=2",
                                  "attn.enabled=false", "train.peak_flops=1e12"],
                                 cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err)
+
+
+class Interrupted(Exception):
+    pass
+
+
+def _raise_interrupted(signum, frame):
+    raise Interrupted
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs POSIX threads and signals")
+def test_a_signal_another_thread_receives_interrupts_the_wait_for_wandb_init():
+    """The kernel may hand a process's SIGINT to any of its threads (wandb's, torch's). Here it goes to a
+    bystander thread 0.3 s into an init that takes 2 s (like wandb.init waiting for a silent server). Called
+    directly, the handler runs only when the init returns; through call_interruptibly, at once."""
+    bystander_may_end, init_may_return = threading.Event(), threading.Event()
+    bystander = threading.Thread(target=bystander_may_end.wait, daemon=True)
+    bystander.start()
+
+    def slow_init():
+        init_may_return.wait(30)
+        return "run"
+
+    def seconds_to_interrupt(call) -> float:
+        init_may_return.clear()
+        threading.Timer(2.0, init_may_return.set).start()
+        signal_it = threading.Timer(0.3, signal.pthread_kill, (bystander.ident, signal.SIGINT))
+        start = time.monotonic()
+        signal_it.start()
+        try:
+            call(slow_init)
+            time.sleep(1.0)  # room for a handler still pending
+        except Interrupted:
+            return time.monotonic() - start
+        finally:
+            signal_it.join()
+        pytest.fail("the signal never reached the main thread")
+
+    previous = signal.signal(signal.SIGINT, _raise_interrupted)
+    try:
+        assert seconds_to_interrupt(lambda fn: fn()) >= 1.9  # the control: the main thread's wait hid it
+        assert seconds_to_interrupt(call_interruptibly) < 1.0
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        init_may_return.set()
+        bystander_may_end.set()
+    assert call_interruptibly(lambda: 7) == 7
+    with pytest.raises(ZeroDivisionError):
+        call_interruptibly(lambda: 1 / 0)
 
 
 @pytest.mark.slow
@@ -103,7 +154,12 @@ def test_an_interrupt_while_wandb_waits_for_its_server_ends_the_run_at_once(tmp_
         time.sleep(1.0)  # well inside wandb.init's wait
         sent = time.monotonic()
         proc.send_signal(sig)
-        rc = proc.wait(timeout=60)
+        try:
+            rc = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # make a hang diagnosable: faulthandler dumps every thread's stack
+            proc.send_signal(signal.SIGABRT)
+            proc.wait(timeout=30)
+            pytest.fail(f"still running 60 s after {sig.name}; its stacks:\n{log.read_text()[-6000:]}")
         waited = time.monotonic() - sent
     finally:
         proc.kill()

@@ -14,9 +14,10 @@ import netrc
 import os
 import secrets
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tqdm.auto import tqdm
 
@@ -40,6 +41,29 @@ def resolve_wandb_mode(mode: str) -> str:
     if env_mode in ("online", "offline", "disabled"):
         return env_mode
     return "online" if wandb_credentials_present() else "offline"
+
+
+def call_interruptibly(fn: Callable[[], Any], poll_s: float = 0.1) -> Any:
+    """fn() in a helper thread while this one waits in short steps, so that Ctrl-C or SIGTERM during fn is
+    raised here within poll_s. wandb.init blocks its caller on a lock for up to wandb.init_timeout; a signal
+    that the kernel hands to another of the process's threads (wandb's, torch's) sets Python's flag but does
+    not wake that wait, and the run ignored Ctrl-C for a minute or more. Interrupted, fn goes on in its
+    daemon thread until it returns or the process exits."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = fn()
+        except BaseException as e:  # handed to the caller's thread below
+            outcome["error"] = e
+
+    helper = threading.Thread(target=run, name="attngpt-wandb-init", daemon=True)
+    helper.start()
+    while helper.is_alive():
+        helper.join(poll_s)  # back in Python every poll_s: a pending signal's handler runs here
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 class RunLogger:
@@ -79,10 +103,10 @@ class RunLogger:
             self.write(f"wandb: connecting to {os.environ.get('WANDB_BASE_URL', 'https://api.wandb.ai')} (waiting up "
                        f"to {timeout:g} s: wandb.init_timeout; wandb.mode=offline runs without the server)")
         try:
-            run = wandb.init(project=cfg.wandb.project, entity=cfg.wandb.entity,
-                             name=cfg.wandb.run_name or self.out_dir.name, config=config_as_dict(cfg),
-                             dir=str(self.out_dir), mode=mode, id=run_id, resume="allow",
-                             settings=wandb.Settings(silent=True, console="off", init_timeout=timeout))
+            run = call_interruptibly(lambda: wandb.init(
+                project=cfg.wandb.project, entity=cfg.wandb.entity, name=cfg.wandb.run_name or self.out_dir.name,
+                config=config_as_dict(cfg), dir=str(self.out_dir), mode=mode, id=run_id, resume="allow",
+                settings=wandb.Settings(silent=True, console="off", init_timeout=timeout)))
         except Exception as e:  # wandb's own errors (auth, network, its timeout) must not kill the run
             self.write(f"warning: wandb could not start ({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
                        f"logging to metrics.jsonl only")
