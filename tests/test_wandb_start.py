@@ -4,6 +4,7 @@ wandb.init_timeout, and Ctrl-C / SIGTERM while it waits end the run at once (130
 The server that never answers is a local socket that accepts connections and says nothing."""
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -78,8 +79,18 @@ def silent_server() -> tuple[socket.socket, int]:
     return server, server.getsockname()[1]
 
 
+def signal_state(pid: int) -> list[str]:
+    """Each thread's signal lines from /proc (pending, blocked, ignored, caught), for a failure message."""
+    try:
+        return [f"{task}: " + " ".join(line.split()[1] for line in (Path(f"/proc/{pid}/task/{task}/status")
+                                                                   .read_text().splitlines())
+                                      if line.startswith(("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")))
+                for task in sorted(os.listdir(f"/proc/{pid}/task"))]
+    except OSError as e:
+        return [str(e)]
+
+
 def online_train(out: Path, data_dir: Path, port: int, log: Path, timeout: float) -> subprocess.Popen:
-    import os
     env = {**os.environ, "WANDB_BASE_URL": f"http://127.0.0.1:{port}", "WANDB_API_KEY": "k" * 40,
            "ATTNGPT_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true",
            "PYTHONFAULTHANDLER": "1"}  # SIGABRT then prints the Python stack of every thread
@@ -101,40 +112,46 @@ def _raise_interrupted(signum, frame):
 
 @pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs POSIX threads and signals")
 def test_a_signal_another_thread_receives_interrupts_the_wait_for_wandb_init():
-    """The kernel may hand a process's SIGINT to any of its threads (wandb's, torch's). Here it goes to a
-    bystander thread 0.3 s into an init that takes 2 s (like wandb.init waiting for a silent server). Called
-    directly, the handler runs only when the init returns; through call_interruptibly, at once."""
+    """The kernel may hand a process's SIGINT to any of its threads (wandb's, torch's); Python then only
+    flags it, for the main thread to notice when it next runs bytecode with reason to look. Here a bystander
+    thread takes the signal 0.3 s into an init that takes 2 s (like wandb.init waiting for a silent server)
+    and goes back to waiting. Called directly, the handler runs when the init returns; through
+    call_interruptibly, at once."""
     bystander_may_end, init_may_return = threading.Event(), threading.Event()
-    bystander = threading.Thread(target=bystander_may_end.wait, daemon=True)
-    bystander.start()
+
+    def bystander():  # catches the SIGINT itself, then blocks: nothing wakes the main thread for it
+        time.sleep(0.3)
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+        bystander_may_end.wait(30)
 
     def slow_init():
         init_may_return.wait(30)
         return "run"
 
     def seconds_to_interrupt(call) -> float:
+        bystander_may_end.clear()
         init_may_return.clear()
         threading.Timer(2.0, init_may_return.set).start()
-        signal_it = threading.Timer(0.3, signal.pthread_kill, (bystander.ident, signal.SIGINT))
+        thread = threading.Thread(target=bystander, daemon=True)
         start = time.monotonic()
-        signal_it.start()
+        thread.start()
         try:
             call(slow_init)
             time.sleep(1.0)  # room for a handler still pending
         except Interrupted:
             return time.monotonic() - start
         finally:
-            signal_it.join()
-        pytest.fail("the signal never reached the main thread")
+            bystander_may_end.set()
+            thread.join()
+        pytest.fail("the signal never reached the main thread's handler")
 
     previous = signal.signal(signal.SIGINT, _raise_interrupted)
     try:
-        assert seconds_to_interrupt(lambda fn: fn()) >= 1.9  # the control: the main thread's wait hid it
+        assert seconds_to_interrupt(lambda fn: fn()) >= 1.9  # the control: hidden until the init returned
         assert seconds_to_interrupt(call_interruptibly) < 1.0
     finally:
         signal.signal(signal.SIGINT, previous)
         init_may_return.set()
-        bystander_may_end.set()
     assert call_interruptibly(lambda: 7) == 7
     with pytest.raises(ZeroDivisionError):
         call_interruptibly(lambda: 1 / 0)
@@ -152,14 +169,18 @@ def test_an_interrupt_while_wandb_waits_for_its_server_ends_the_run_at_once(tmp_
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
             time.sleep(0.05)
         time.sleep(1.0)  # well inside wandb.init's wait
+        before = signal_state(proc.pid)
         sent = time.monotonic()
         proc.send_signal(sig)
         try:
             rc = proc.wait(timeout=60)
         except subprocess.TimeoutExpired:  # make a hang diagnosable: faulthandler dumps every thread's stack
+            after = signal_state(proc.pid)
             proc.send_signal(signal.SIGABRT)
             proc.wait(timeout=30)
-            pytest.fail(f"still running 60 s after {sig.name}; its stacks:\n{log.read_text()[-6000:]}")
+            pytest.fail(f"still running 60 s after {sig.name}; signal masks before it: {before}; after: {after}; "
+                        f"this process: {signal.getsignal(signal.SIGINT)}, blocked "
+                        f"{signal.pthread_sigmask(signal.SIG_BLOCK, [])}; its stacks:\n{log.read_text()[-6000:]}")
         waited = time.monotonic() - sent
     finally:
         proc.kill()
