@@ -45,10 +45,11 @@ def resolve_wandb_mode(mode: str) -> str:
 
 def call_interruptibly(fn: Callable[[], Any], poll_s: float = 0.1) -> Any:
     """fn() in a helper thread while this one waits in short steps, so that Ctrl-C or SIGTERM during fn is
-    raised here within poll_s. wandb.init blocks its caller on a lock for up to wandb.init_timeout; a signal
-    that the kernel hands to another of the process's threads (wandb's, torch's) sets Python's flag but does
-    not wake that wait, and the run ignored Ctrl-C for a minute or more. Interrupted, fn goes on in its
-    daemon thread until it returns or the process exits."""
+    raised here within poll_s. wandb.init blocks its caller on a lock for up to wandb.init_timeout; POSIX
+    lets the kernel hand a process's signal to any of its threads (wandb's, torch's), and one caught there
+    only sets Python's flag: it does not wake that wait, so Ctrl-C would wait out the timeout
+    (tests/test_wandb_start.py shows both). Interrupted, fn goes on in its daemon thread until it returns
+    or the process exits."""
     outcome: dict[str, Any] = {}
 
     def run() -> None:
