@@ -57,6 +57,7 @@ def test_candidates_are_timed_in_turn_and_keep_their_fastest_round(monkeypatch):
     autotune._time_rounds({"compiled": step_of("compiled")}, torch.device("cpu"))
     assert calls == ["compiled"] * autotune.MIN_STEPS
 
+
 def test_the_peak_mfu_is_measured_against_is_the_fastest_round(monkeypatch):
     """On a scripted clock the first of three rounds is slowed 4x by a burst of load: the peak is the
     fastest round's rate, so a run's MFU is not inflated by the burst."""
