@@ -87,7 +87,10 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> tup
             # a `.name.old` is on its way out: a save removes it file by file, so it may still stand, with its
             # config.json, while its weights are gone
             moving = folder.name.startswith(".") and folder.name.endswith(".old")
-            if attempt == SWAP_RETRIES or (_identity(folder) == before and not moving):
+            # before None: the folder went away between being found and being looked at (a save's first
+            # rename), which is a swap in progress, not a damaged checkpoint
+            unchanged = before is not None and _identity(folder) == before
+            if attempt == SWAP_RETRIES or (unchanged and not moving):
                 raise
             continue
         if _identity(folder) == before:
@@ -99,13 +102,18 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> tup
 SWAP_RETRIES = 3  # a save swaps in well under a second; two saves in a row during one read would be odd
 
 
-def _identity(folder: Path) -> tuple[int, int, int] | None:
-    """Which folder (device, inode) and which config.json (its inode) sit at `folder` now; None if gone."""
+def _identity(folder: Path) -> tuple[int, int, int | None] | None:
+    """Which folder (device, inode) and which config.json (its inode; None if it has none) sit at `folder`
+    now; None if no folder is there."""
     try:
-        st, config = folder.stat(), (folder / CONFIG_FILE).stat()
+        st = folder.stat()
     except OSError:
         return None
-    return st.st_dev, st.st_ino, config.st_ino
+    try:
+        config_inode: int | None = (folder / CONFIG_FILE).stat().st_ino
+    except OSError:
+        config_inode = None
+    return st.st_dev, st.st_ino, config_inode
 
 
 def read_config(directory: str | Path) -> dict[str, Any]:
