@@ -284,7 +284,7 @@ def run(variants: list[Variant], args: argparse.Namespace, device: torch.device,
     peak_size = args.peak_size or ((256 if args.quick else 1024) if device.type == "cpu" else None)
     measured: dict[str, float] = {}
     for dtype in DTYPES:
-        measured[dtype] = max(measure_peak_flops(device, DTYPES[dtype], peak_size) for _ in range(args.peak_trials))
+        measured[dtype] = measure_peak_flops(device, DTYPES[dtype], peak_size, rounds=args.peak_trials)
         print(f"measured peak {dtype}: {fmt_rate(measured[dtype])} (matmul {peak_size or 8192}^3, best of "
               f"{args.peak_trials}); nominal: {fmt_rate(nominal[dtype]) if dtype in nominal else 'n/a'}", flush=True)
 
