@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -129,3 +130,10 @@ def kill_tree(pid: int, timeout: float = 30) -> None:
     while any(running(p) for p in tree):
         assert time.monotonic() < deadline, f"processes {tree} outlived SIGKILL"
         time.sleep(0.02)
+
+
+def default_sigint() -> None:
+    """In the child before exec: SIGINT back to its default. A test run launched in the background (`cmd &`
+    in a script, nohup) ignores SIGINT, every child inherits that, and Python then installs no Ctrl-C handler:
+    the signal these tests send would do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, prepared_shakespeare_dir, tiny_config
+from tests.helpers import REPO, default_sigint, prepared_shakespeare_dir, tiny_config
 from training.logger import RunLogger, call_interruptibly
 
 
@@ -100,13 +100,6 @@ def online_train(out: Path, data_dir: Path, port: int, log: Path, timeout: float
                                  f"wandb.init_timeout={timeout}", "train.max_iters=2", "eval.interval=2",
                                  "attn.enabled=false", "train.peak_flops=1e12"],
                                 cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err, preexec_fn=default_sigint)
-
-
-def default_sigint() -> None:
-    """In the child before exec: SIGINT back to its default. A test run launched in the background (`cmd &`
-    in a script, nohup) ignores SIGINT, every child inherits that, and Python then installs no Ctrl-C handler:
-    the signal these tests send would do nothing."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 class Interrupted(Exception):

@@ -5,7 +5,11 @@ import signal
 
 
 class StopRequested:
-    """SIGINT/SIGTERM set a flag; the loop finishes its step, saves, and returns. A second Ctrl-C aborts."""
+    """SIGINT/SIGTERM set a flag; the loop finishes its step, saves, and returns. A second Ctrl-C aborts.
+
+    A signal the process was started ignoring stays ignored: `nohup train.py ... &` and `cmd &` in a script
+    start it with SIGINT ignored, the shell's way of saying that a Ctrl-C meant for the terminal is not for
+    this run (Python's own KeyboardInterrupt is not installed then either)."""
 
     def __init__(self):
         self.signal_name: str | None = None
@@ -13,6 +17,8 @@ class StopRequested:
 
     def __enter__(self):
         for sig in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(sig) is signal.SIG_IGN:
+                continue
             try:
                 self._previous[sig] = signal.signal(sig, self._handle)
             except ValueError:  # not the main thread: leave signals alone
