@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 from common.errors import ArgumentParser, UserError, user_errors_exit
-from model.checkpoint import CheckpointError
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "small.yaml"
 PROMPT_FILE_LIMIT = 1_000_000  # bytes: far more than any block_size of text, far less than memory
@@ -102,18 +101,15 @@ def attach_dash_prompt(argv: list[str], parser: argparse.ArgumentParser) -> list
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    with user_errors_exit("sample.py"):
+        check_flags(args)  # before torch's seconds of import
+    from model.checkpoint import CheckpointError
     with user_errors_exit("sample.py", also=(CheckpointError,)):
         return run(args)
 
 
-def run(args: argparse.Namespace) -> int:
-    import torch
-    from common.device import resolve_device
-    from insight.dump import dump_internals, parse_layer_heads
-    from model.memory import device_memory, human_bytes, kv_cache_bytes
-    from model.generate import generate
-    from pretrained.load import open_pretrained
-
+def check_flags(args: argparse.Namespace) -> None:
+    """The flags that need no checkpoint: ranges of the sampling settings, and flags that exclude each other."""
     positive_or_none(args.temperature, "--temperature", 0.0)
     positive_or_none(args.top_k, "--top-k", 1)
     if args.top_p is not None and not 0.0 < args.top_p <= 1.0:
@@ -126,6 +122,16 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--compile compiles the KV-cache decode step: drop --no-kv-cache, or --compile")
     if not -2**63 <= args.seed < 2**64:  # what torch.Generator.manual_seed takes
         raise UserError(f"--seed must be an integer from -2**63 to 2**64-1, got {args.seed}")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the checkpoint, generate and print the samples, dump attention maps: flags already checked."""
+    import torch
+    from common.device import resolve_device
+    from insight.dump import dump_internals, parse_layer_heads
+    from model.memory import device_memory, human_bytes, kv_cache_bytes
+    from model.generate import generate
+    from pretrained.load import open_pretrained
 
     device = resolve_device(args.device, setting="--device ")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]

@@ -69,14 +69,15 @@ def out_of_memory(e: BaseException) -> bool:
 
 
 def _main(args) -> int:
+    with user_errors_exit("train.py"):  # the config first: a typo is reported before torch's seconds of import
+        from training.config import config_to_yaml, load_run_config
+        cfg = load_run_config(args.config, args.overrides)
     from model.checkpoint import CheckpointError  # imports torch: after the SIGTERM handler is in place
 
     with user_errors_exit("train.py", also=(CheckpointError,)):
-        from training.config import config_to_yaml, load_run_config
         from training.runtime import distributed_env
         from training.trainer import train
 
-        cfg = load_run_config(args.config, args.overrides)
         is_main = distributed_env().rank == 0  # under torchrun only rank 0 prints
         if is_main:
             print(f"# config {args.config} {' '.join(args.overrides)}\n{config_to_yaml(cfg)}", end="", flush=True)

@@ -44,6 +44,23 @@ def test_the_matrix_is_large_and_the_doc_is_generated_from_it():
         "docs/bad_inputs.md is out of date: run `python -m tests.bad_input_cases`"
 
 
+@pytest.mark.parametrize("args, fragment", [
+    (["train.py", "configs/tiny.yaml", "train.max_itres=5"], "did you mean 'train.max_iters'"),
+    (["train.py", "configs/tiny.yaml", "train.batch_size=0"], "batch_size"),
+    (["sample.py", "--temperature", "-1"], "--temperature must be >= 0.0"),
+    (["sample.py", "--compile", "--no-kv-cache"], "drop --no-kv-cache"),
+])
+def test_config_and_flag_errors_come_before_torch_is_imported(args, fragment):
+    """A typo costs a fraction of a second, not torch's seconds of import: -X importtime lists every module
+    the process imported, and torch is not among them."""
+    proc = run_cli(["-X", "importtime", *args])
+    imported = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    errors = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+    assert proc.returncode == 2 and len(errors) == 1 and fragment in errors[0], proc.stderr[-2000:]
+    assert "yaml" in imported or args[0] == "sample.py"  # the listing is there
+    assert "torch" not in imported
+
+
 def uses(case: Case, name: str) -> bool:
     return any(f"{{{name}}}" in text for text in (*case.args, *case.env.values()))
 
