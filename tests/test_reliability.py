@@ -27,7 +27,6 @@ from common.errors import UserError
 from model.checkpoint import find_checkpoint, load_model, read_config
 from tests.helpers import REPO, default_sigint, fresh_copy, prepared_shakespeare_dir, run_cli, tiny_config
 from training.checkpoint import BEST, LATEST, STATE_FILE, TEST_SAVE_DELAY_ENV, load_train_state, save_checkpoint
-from training.stop import StopRequested
 from training.trainer import train
 
 # the tiny run of the crash and signal tests: a checkpoint every 2 steps; the peak FLOP/s is given, so no
@@ -248,47 +247,6 @@ def test_sigint_and_sigterm_save_exit_cleanly_and_the_run_resumes(tmp_path, data
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert f"done: {max_iters} steps in " in proc.stdout
     assert sorted(train_losses(out)) == list(range(1, max_iters + 1))
-
-
-def raise_and_wait(sig: signal.Signals) -> None:
-    os.kill(os.getpid(), sig)
-    for _ in range(100):  # Python runs the handler between bytecodes of the main thread: give it a moment
-        time.sleep(0.001)
-
-
-def test_stop_requested_flags_sigint_and_sigterm_and_a_second_ctrl_c_aborts():
-    # Python's own Ctrl-C handler, as in a process started from a terminal (a test run launched in the
-    # background starts with SIGINT ignored)
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-        with StopRequested() as stop:
-            raise_and_wait(signal.SIGTERM)
-            assert stop.signal_name == "SIGTERM"
-            with pytest.raises(KeyboardInterrupt):
-                raise_and_wait(signal.SIGINT)
-        assert {sig: signal.getsignal(sig) for sig in before} == before
-        with StopRequested() as stop:
-            raise_and_wait(signal.SIGINT)
-            assert stop.signal_name == "SIGINT"
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def test_stop_requested_leaves_a_sigint_ignored_at_start_ignored():
-    """`nohup train.py ... &`: the process starts with SIGINT ignored, and the loop keeps it so (SIGTERM still
-    stops it)."""
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        with StopRequested() as stop:
-            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-            raise_and_wait(signal.SIGINT)
-            assert stop.signal_name is None
-            raise_and_wait(signal.SIGTERM)
-            assert stop.signal_name == "SIGTERM"
-        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 # --- write errors and non-finite models, in-process --------------------------------------------------------
