@@ -3,6 +3,9 @@
 #
 #   bash benchmarks/gpu_check.sh            (from anywhere; it cd's to the repository root)
 #
+# Its commands are checked without a GPU by tests/test_gpu_check.py (configs and overrides load, every
+# script's parser reads its arguments): keep each step a single `step NAME LIMIT "$PY" ...` line.
+#
 # Through the device tool, from the repository root here:
 #   run(command="bash benchmarks/gpu_check.sh", carry=["data/cache"], timeout_s=600)
 #
