@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -51,3 +52,23 @@ def test_stop_requested_leaves_a_sigint_ignored_at_start_ignored():
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_stop_requested_outside_the_main_thread_leaves_signals_alone():
+    """Python lets only the main thread set handlers: a loop run from another thread (a notebook's worker,
+    a test harness) trains without the clean stop rather than failing."""
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    outcome = []
+
+    def enter_and_exit():
+        try:
+            with StopRequested() as stop:
+                outcome.append(stop.signal_name)
+        except BaseException as e:  # handed to the test's thread
+            outcome.append(e)
+
+    worker = threading.Thread(target=enter_and_exit)
+    worker.start()
+    worker.join()
+    assert outcome == [None]
+    assert {sig: signal.getsignal(sig) for sig in before} == before
