@@ -143,3 +143,19 @@ def test_the_choice_is_what_the_run_then_uses(tmp_path, monkeypatch, dtype, comp
     assert rt.autocast_dtype == (torch.bfloat16 if dtype == "bfloat16" else None)
     assert rt.compile is compile_model and choice.dtype == dtype
     assert json.loads((tmp_path / autotune.CHOICE_FILE).read_text())["dtype"] == dtype
+
+
+@pytest.mark.parametrize("damage", [
+    {"dtype": "float64"}, {"compile": "yes"}, {"ms_per_step": {"float32": "fast"}}, {"ms_per_step": {"float32": 0}},
+    {"ms_per_step": {"float32": float("nan")}}, {"ms_per_step": {"float32": True}}, {"ms_per_step": [1.0]},
+    {"compile_seconds": "12"}, {"compile_seconds": -1}, {"compile_seconds": float("inf")},
+])
+def test_a_damaged_saved_choice_is_measured_again_not_used(tmp_path, damage):
+    """autotune.json is read on resume and its numbers printed: anything but a whole, sane choice reads as
+    none saved (the run measures again) instead of failing later, mid-start, on a format string."""
+    good = autotune.Choice(dtype="bfloat16", compile=True, ms_per_step={"float32": 2.0, "bfloat16": 1.0},
+                           compile_seconds=12.5, note="n")
+    (tmp_path / autotune.CHOICE_FILE).write_text(json.dumps(good.to_json()))
+    assert autotune.saved_choice(tmp_path) == good
+    (tmp_path / autotune.CHOICE_FILE).write_text(json.dumps({**good.to_json(), **damage}))
+    assert autotune.saved_choice(tmp_path) is None

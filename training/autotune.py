@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -78,12 +79,22 @@ class Choice:
 
     @classmethod
     def from_json(cls, d: dict) -> "Choice":
+        """The saved choice, checked whole (a ValueError on anything else: the run then measures again)."""
         if not (isinstance(d, dict) and d.get("dtype") in DTYPES and isinstance(d.get("compile"), bool)):
             raise ValueError(f"not a dtype/compile choice: {str(d)[:120]}")
         ms = d.get("ms_per_step") or {}
-        return cls(dtype=d["dtype"], compile=d["compile"],
-                   ms_per_step={str(k): float(v) for k, v in ms.items()} if isinstance(ms, dict) else {},
-                   compile_seconds=d.get("compile_seconds"), note=str(d.get("note", "")))
+        seconds = d.get("compile_seconds")
+        if not (isinstance(ms, dict) and all(isinstance(k, str) and _real(v) and v > 0 for k, v in ms.items())):
+            raise ValueError(f"ms_per_step is not a table of positive timings: {str(ms)[:120]}")
+        if not (seconds is None or (_real(seconds) and seconds >= 0)):
+            raise ValueError(f"compile_seconds is not a number of seconds: {str(seconds)[:60]}")
+        return cls(dtype=d["dtype"], compile=d["compile"], ms_per_step={k: float(v) for k, v in ms.items()},
+                   compile_seconds=seconds, note=str(d.get("note", "")))
+
+
+def _real(value) -> bool:
+    """A finite int or float (JSON's numbers; not a bool, which Python counts as an int)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def saved_choice(out_dir: Path) -> Choice | None:
