@@ -51,17 +51,22 @@ def call_interruptibly(fn: Callable[[], Any], poll_s: float = 0.1) -> Any:
     (tests/test_wandb_start.py shows both). Interrupted, fn goes on in its daemon thread until it returns
     or the process exits."""
     outcome: dict[str, Any] = {}
+    done = threading.Event()
 
     def run() -> None:
         try:
             outcome["value"] = fn()
         except BaseException as e:  # handed to the caller's thread below
             outcome["error"] = e
+        finally:
+            done.set()
 
     helper = threading.Thread(target=run, name="attngpt-wandb-init", daemon=True)
     helper.start()
-    while helper.is_alive():
-        helper.join(poll_s)  # back in Python every poll_s: a pending signal's handler runs here
+    # back in Python every poll_s: a pending signal's handler runs here. An Event, not helper.join(): on
+    # Python <= 3.11 a join that a handler interrupts marks the still-running thread as stopped
+    while not done.wait(poll_s):
+        pass
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
