@@ -19,17 +19,17 @@ def step_commands() -> list[tuple[str, list[str]]]:
     """(step name, argv after the interpreter) of every `step NAME LIMIT "$PY" ...` line of the script."""
     lines = SCRIPT.read_text().replace("\\\n", " ").splitlines()
     commands = []
-    for i, line in enumerate(lines):
+    for start, line in enumerate(lines):
         if not line.strip().startswith("step ") or '"$PY"' not in line:
             continue
-        command = line.strip()
-        while True:  # a quoted argument (python -c '...') may run over several lines
+        end = start + 1
+        while True:  # a quoted argument (python -c '...') may run over several lines: take lines until it closes
             try:
-                words = shlex.split(command)  # step NAME LIMIT $PY ARGS...
+                words = shlex.split("\n".join(lines[start:end]))  # step NAME LIMIT $PY ARGS...
                 break
             except ValueError:
-                i += 1
-                command += "\n" + lines[i]
+                end += 1
+        command = " ".join(words)
         name, interpreter, args = words[1], words[3], words[4:]
         assert interpreter == "$PY", command
         commands.append((name, args))
@@ -79,7 +79,8 @@ def test_sample_runs_pass_the_flag_checks(name, args):
 
 
 class Parsed(Exception):
-    """Raised by the patched parse_args with the namespace: the script stops before doing any work."""
+    """Raised by the patched parse_known_args (which parse_args calls) with its namespace and left-over
+    arguments: the script stops before doing any work."""
 
 
 @pytest.mark.parametrize("name, args", [c for c in COMMANDS if script_of(c[1])[0].startswith("benchmarks/")],
