@@ -262,15 +262,38 @@ def _write_text(corpus: Corpus, rows: Any, bpe: TiktokenTokenizer | HFTokenizer 
             import datasets
 
             table = datasets.Dataset.from_dict(ranges)
-            encoded = table.map(_encode_text_ranges, batched=True, batch_size=1, writer_batch_size=4,
-                                fn_kwargs={"lines": rows, "tokenizer": tok.to_json(), "split_at": split_at},
-                                **_map_kwargs(work_dir, writer.dtype, num_proc, table.column_names))
+            with environ_kept():
+                encoded = table.map(_encode_text_ranges, batched=True, batch_size=1, writer_batch_size=4,
+                                    fn_kwargs={"lines": rows, "tokenizer": tok.to_json(), "split_at": split_at},
+                                    **_map_kwargs(work_dir, writer.dtype, num_proc, table.column_names))
             _copy_encoded(encoded, writer, batch_size=4, quiet=quiet)
     finally:
         shards = writer.close()
     writer.counts.characters = total
     writer.counts.documents = {}  # one continuous text: pieces are not documents
     return tok, writer.counts, shards
+
+
+@contextmanager
+def environ_kept() -> Iterator[None]:
+    """Leave os.environ as it was around a datasets.map(num_proc > 1).
+
+    That map sets TOKENIZERS_PARALLELISM=false for its forked workers and then rebinds `os.environ` to a
+    deep copy it took before. Whoever still holds the real mapping (the process's own environment, a
+    caller that set a variable and will unset it) would then change a mapping nobody reads any more, and
+    the copy would keep the old value. The same mapping object comes back, with TOKENIZERS_PARALLELISM as
+    it was.
+    """
+    environ = os.environ
+    parallelism = environ.get("TOKENIZERS_PARALLELISM")
+    try:
+        yield
+    finally:
+        os.environ = environ
+        if parallelism is None:
+            environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            environ["TOKENIZERS_PARALLELISM"] = parallelism
 
 
 def _map_kwargs(work_dir: Path, dtype: np.dtype, num_proc: int, input_columns: list[str]) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -156,6 +157,24 @@ def test_streaming_and_num_proc_do_not_change_the_bins(data_dir: Path, tmp_path:
     for extra in ({"streaming": True}, {"num_proc": 2}):
         again = prepare_data(cfg(source="text", path=str(path), **extra), quiet=True, force=True)
         assert {s: tokens(again, s) for s in ("train", "val")} == expected, extra
+
+
+def test_a_parallel_prepare_leaves_os_environ_as_it_was(data_dir: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """datasets' map(num_proc > 1) rebinds os.environ to a copy: a variable set before it (here data_dir's
+    ATTNGPT_DATA_DIR, which monkeypatch removes afterwards) would outlive its undo and send a later run's
+    data elsewhere."""
+    monkeypatch.setattr(pipeline, "group_rows", _small_pieces(pipeline.group_rows))
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    path = tmp_path / "t.txt"
+    path.write_text("".join(f"Line {i} of the corpus.\n" for i in range(400)), encoding="utf-8")
+    environ = os.environ
+    prepare_data(cfg(source="text", path=str(path), num_proc=2), quiet=True)
+    assert os.environ is environ
+    assert "TOKENIZERS_PARALLELISM" not in os.environ
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
+    prepare_data(cfg(source="text", path=str(path), num_proc=2), quiet=True, force=True)
+    assert os.environ is environ and os.environ["TOKENIZERS_PARALLELISM"] == "true"
 
 
 def _small_pieces(group_rows):
