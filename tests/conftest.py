@@ -41,3 +41,12 @@ def data_env(data_dir, monkeypatch):
     in-process (`pytestmark = pytest.mark.usefixtures("data_env")`)."""
     monkeypatch.setenv("ATTNGPT_DATA_DIR", str(data_dir))
     monkeypatch.setenv("WANDB_MODE", "disabled")
+
+
+@pytest.fixture(autouse=True)
+def environ_is_not_rebound():
+    """A test (or the code under it) that rebinds os.environ to another mapping leaves its variables in
+    place for every later test in the worker, out of monkeypatch's reach; fail the test that did it."""
+    environ = os.environ
+    yield
+    assert os.environ is environ, "os.environ was rebound to another mapping during this test"
