@@ -200,3 +200,43 @@ def run_read_only(folder: Path, args: list[str], env: dict[str, str]) -> subproc
     return subprocess.run(["unshare", "-m", "sh", "-c", f"mount --bind -o ro '{folder}' '{folder}' && exec \"$0\" \"$@\"",
                            sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=180,
                           env={**os.environ, "WANDB_MODE": "disabled", **env})
+
+
+def test_a_done_record_is_trusted_only_as_split_part_writes_it(tmp_path):
+    """A resume skips a part whose done record checks out; one that names another file, or holds counts that
+    are not whole numbers, is not trusted (the part is encoded again), whatever is on disk."""
+    work, dtype = tmp_path / sharded.WORK, np.dtype(np.uint16)
+    work.mkdir()
+    ids_path, lens_path = sharded._part_paths(work, 3)
+    np.arange(1, 13, dtype=dtype).tofile(ids_path)
+    np.array([4] * 3, dtype=np.uint32).tofile(lens_path)  # three documents of 4 ids
+    record = sharded.split_part(3, 0, work, tmp_path, dtype, val_fraction=0.34)
+    assert set(record["shards"]) == {"train", "val"} and all(record["shards"].values())
+    assert sharded._done_record(work, tmp_path, 3, dtype) == record
+    assert sharded._done_record(work, tmp_path, 2, dtype) is None  # another part's record name
+    (tmp_path / "elsewhere.bin").write_bytes((tmp_path / record["shards"]["train"]["file"]).read_bytes())
+
+    def damaged(change) -> dict | None:
+        copy = json.loads(json.dumps(record))
+        change(copy)
+        (work / "done_00003.json").write_text(json.dumps(copy), encoding="utf-8")
+        return sharded._done_record(work, tmp_path, 3, dtype)
+
+    damages = {
+        "another part": lambda r: r.update(part=4),
+        "a file that is not the part's shard": lambda r: r["shards"]["train"].update(file="elsewhere.bin"),
+        "a path out of the folder": lambda r: r["shards"]["train"].update(file="../" + tmp_path.name + "/elsewhere.bin"),
+        "tokens as text": lambda r: r["shards"]["train"].update(tokens=str(r["shards"]["train"]["tokens"])),
+        "tokens as a float": lambda r: r["shards"]["train"].update(tokens=float(r["shards"]["train"]["tokens"])),
+        "max_id missing": lambda r: r["shards"]["val"].pop("max_id"),
+        "max_id negative": lambda r: r["shards"]["val"].update(max_id=-1),
+        "docs negative": lambda r: r.update(docs=-3),
+        "docs a bool": lambda r: r.update(docs=True),
+        "documents missing a split": lambda r: r["documents"].pop("val"),
+        "a third split": lambda r: r["shards"].update(test=None),
+        "shards as a list": lambda r: r.update(shards=[]),
+        "size not the file's": lambda r: r["shards"]["val"].update(tokens=r["shards"]["val"]["tokens"] + 1),
+    }
+    for what, change in damages.items():
+        assert damaged(change) is None, what
+    assert damaged(lambda r: None) == record  # the writes above restored nothing by accident
