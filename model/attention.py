@@ -160,6 +160,9 @@ class CausalSelfAttention(nn.Module):
             if mask is not None and mask.shape[-1] < k.shape[2]:
                 # eager decoding: attend only over the positions written so far (mask is (T, T_k))
                 k, v = k[:, :, :mask.shape[-1]], v[:, :, :mask.shape[-1]]
+            # a cache kept in another dtype than the model computes in (e.g. bf16 to halve its memory) is read
+            # back in q's dtype; free when they match
+            k, v = k.to(q.dtype), v.to(q.dtype)
         dropout_p = self.dropout_p if self.training else 0.0
         n_rep = self.n_head // self.n_kv_head
 

@@ -237,6 +237,9 @@ class GPT(nn.Module):
                        device: torch.device | str | None = None) -> int:
         """Give every layer a preallocated KV cache; returns its total size in bytes.
 
+        dtype: the cache's own, the model's by default; a narrower one (bfloat16 under a float32 model) halves
+        its memory, and attention reads it back in the dtype it computes in.
+
         Caches of the same shape, dtype and device as the last ones are reused (zeroed), not reallocated:
         compiled decode steps (model/generate.py) guard on the cache buffers they were traced with."""
         max_len = self.config.block_size if max_len is None else max_len

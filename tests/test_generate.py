@@ -276,6 +276,32 @@ def test_kv_cache_bytes_shrink_by_the_gqa_factor(dtype):
     assert sizes[4] == 2 * sizes[2] == 4 * sizes[1]
 
 
+@pytest.mark.parametrize("attn_impl", ["manual", "sdpa"])
+def test_a_cache_in_another_dtype_holds_the_rounded_keys_and_is_read_back_in_the_models(attn_impl):
+    """A float32 model with a bfloat16 cache (half the memory): the cache holds the prompt's k, v rounded to
+    bfloat16, exactly, and attention reads them back as float32, so the logits stay close to a float32 cache."""
+    model = lively(tiny(n_kv_head=2, attn_impl=attn_impl))
+    prompt = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(4))
+    steps = torch.randint(0, VOCAB, (2, 3), generator=torch.Generator().manual_seed(5))
+    logits, caches = {}, {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model.setup_kv_cache(batch_size=2, max_len=BLOCK, dtype=dtype)
+        with torch.no_grad():
+            out = [model(prompt, input_pos=torch.arange(6))[0][:, -1]]
+        caches[dtype] = [(b.attn.kv_cache.k_cache.clone(), b.attn.kv_cache.v_cache.clone()) for b in model.blocks]
+        with torch.no_grad():
+            for i in range(steps.shape[1]):
+                out.append(model(steps[:, i:i + 1], input_pos=torch.tensor([6 + i]))[0][:, -1])
+        logits[dtype] = torch.stack(out, dim=1)  # (B, 4, vocab), float32 both times
+        model.clear_kv_cache()
+    (k32, v32), (k16, v16) = caches[torch.float32][0], caches[torch.bfloat16][0]  # the first layer's input is
+    assert k16.dtype == v16.dtype == torch.bfloat16                                # the same both times
+    assert torch.equal(k16, k32.to(torch.bfloat16)) and torch.equal(v16, v32.to(torch.bfloat16))
+    assert logits[torch.bfloat16].dtype == torch.float32
+    torch.testing.assert_close(logits[torch.bfloat16], logits[torch.float32], atol=0.1, rtol=0.05)
+    assert not torch.equal(logits[torch.bfloat16], logits[torch.float32])  # the rounding did reach the logits
+
+
 def test_kv_cache_longer_than_block_size_is_refused():
     with pytest.raises(ValueError, match="block_size"):
         GPT(tiny()).setup_kv_cache(batch_size=1, max_len=BLOCK + 1)
