@@ -113,7 +113,9 @@ def test_sample_frequencies_match_the_tempered_softmax(temperature):
     assert_frequencies(samples, torch.softmax(logits / temperature, dim=0))
 
 
-def test_tiny_temperature_is_near_greedy_not_nan():
-    """logits / 1e-40 overflow float32; sample_next must still draw the argmax, not crash on NaN."""
+@pytest.mark.parametrize("temperature", [1e-40, 1e-308])
+def test_tiny_temperature_is_near_greedy_not_nan(temperature):
+    """logits / 1e-40 overflow float32, and / 1e-308 overflow even float64 unless the row's max is taken off
+    first; sample_next must still draw the argmax, not crash on NaN."""
     logits = torch.tensor([[5.0, 1.0, -3.0, 4.0], [0.0, 0.0, 7.0, -1.0]])
-    assert sample_next(logits, temperature=1e-40).tolist() == [0, 2]
+    assert sample_next(logits, temperature=temperature).tolist() == [0, 2]
