@@ -6,7 +6,7 @@ import torch
 import torch._dynamo
 
 from model import GPT, ModelConfig
-from model.generate import generate
+from model.generate import compiled_decode_step, generate
 
 
 def test_compiled_decoding_equals_eager_and_compiles_once():
@@ -24,3 +24,25 @@ def test_compiled_decoding_equals_eager_and_compiles_once():
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames  # no recompilation
     assert torch.equal(sampled, generate(model, prompt, 12, temperature=0.9, top_k=10,
                                          generator=torch.Generator().manual_seed(3)))
+
+
+def test_on_a_cpu_the_compiled_step_is_built_once_and_multiplies_by_the_head_columns(monkeypatch):
+    """The step is kept on the model (a second call returns it, compiled code and all), and on a CPU its
+    logits come from GPT.head_columns(), looked up at every call: a head planted there is what multiplies
+    the final hidden state, not lm_head."""
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=40, block_size=16, n_layer=2, n_head=4, d_model=32, attn_impl="sdpa")).eval()
+    step = compiled_decode_step(model)
+    assert compiled_decode_step(model) is step
+    planted = torch.randn(32, 40, generator=torch.Generator().manual_seed(2))
+    monkeypatch.setattr(model, "head_columns", lambda: planted)
+    prompt, token, pos = torch.randint(0, 40, (1, 5)), torch.tensor([[7]]), torch.tensor([5])
+    model.setup_kv_cache(1, 16)
+    try:
+        with torch.no_grad():
+            model(prompt, input_pos=torch.arange(5))
+            hidden, _ = model._hidden(token, pos)  # (1, 1, 32): writes position 5, as the step will again
+            logits = step(token, pos)
+    finally:
+        model.clear_kv_cache()
+    torch.testing.assert_close(logits, hidden @ planted, atol=1e-4, rtol=1e-4)
