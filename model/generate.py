@@ -19,7 +19,8 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     """Draw one token per row of logits (B, vocab) -> (B,).
 
     temperature 0 is greedy (argmax). top_k keeps exactly the k highest logits (ties broken by index);
-    top_p keeps the smallest set of most likely tokens whose probability reaches top_p (nucleus).
+    top_p keeps the smallest set of most likely tokens whose probability reaches top_p (nucleus; ties
+    broken by index too).
     """
     if temperature == 0:
         return logits.argmax(dim=-1)

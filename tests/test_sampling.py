@@ -86,6 +86,15 @@ def test_top_p_keeps_the_smallest_nucleus(top_p, expected):
     assert_frequencies(samples, renormalised)
 
 
+@pytest.mark.parametrize("top_p, kept", [(0.5, 32), (0.75, 48), (0.5 + 1e-9, 33)])
+def test_top_p_stops_when_the_mass_reaches_p_and_breaks_ties_by_index(top_p, kept):
+    """64 equally likely tokens (1/64 each, exact in float64): top_p 0.5 is reached by 32 of them, so exactly
+    32 stay (a nucleus that must *exceed* p would keep 33); which ones is decided as top_k decides ties, the
+    lowest indices (an unstable sort orders 64 ties otherwise)."""
+    samples = draw([0.0] * 64, 8000, top_p=top_p, temperature=1.0)
+    assert set(samples.tolist()) == set(range(kept))
+
+
 def test_top_p_never_draws_outside_the_nucleus_of_random_logits():
     gen = torch.Generator().manual_seed(5)
     for trial in range(5):
