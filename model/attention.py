@@ -151,7 +151,8 @@ class CausalSelfAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: (B, T, d_model). rope: (T, head_dim/2, 2) cos/sin rotations for the positions of x (model/rope.py).
         mask: None for plain causal attention over x itself; with a KV cache, bool (T, T_k) rows of the
-        causal table at `input_pos`, the absolute positions of x's tokens, where k/v are written.
+        causal table at `input_pos`, the absolute positions of x's tokens, where k/v are written (in eager
+        code cut to the written prefix, T_k = max(input_pos) + 1; compiled code passes whole rows).
         Returns (y (B, T, d_model), weights (B, n_head, T, T_k) if need_weights else None)."""
         B, T, _ = x.shape
         q, k, v = self.project_qkv(x, rope)
@@ -175,14 +176,19 @@ class CausalSelfAttention(nn.Module):
                 q_grouped, k.unsqueeze(2), v.unsqueeze(2), mask=mask, causal=mask is None, dropout_p=dropout_p)
             out = out.view(B, self.n_head, T, self.head_dim)
             weights = weights.view(B, self.n_head, T, -1) if need_weights else None
-        elif n_rep > 1 and SDPA_HAS_GQA:
-            # the kernel reads each shared kv head for its group of query heads: no expanded copy of k, v
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
-                                                 dropout_p=dropout_p, enable_gqa=True)  # (B, n_head, T, head_dim)
         else:
-            out = F.scaled_dot_product_attention(
-                q, repeat_kv(k, n_rep), repeat_kv(v, n_rep),
-                attn_mask=mask, is_causal=mask is None, dropout_p=dropout_p)  # (B, n_head, T, head_dim)
+            # Eager decoding of one token: its query sits at the newest written position and the mask row is
+            # the written prefix, all True (GPT._hidden cuts it there), so the fused kernel needs no mask;
+            # building and applying one is ~10% of a CPU decode step. Compiled code keeps the full-buffer row.
+            sdpa_mask = None if T == 1 and mask is not None and not torch.compiler.is_compiling() else mask
+            if n_rep > 1 and SDPA_HAS_GQA:
+                # the kernel reads each shared kv head for its group of query heads: no expanded copy of k, v
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, is_causal=mask is None,
+                                                     dropout_p=dropout_p, enable_gqa=True)  # (B, n_head, T, head_dim)
+            else:
+                out = F.scaled_dot_product_attention(
+                    q, repeat_kv(k, n_rep), repeat_kv(v, n_rep),
+                    attn_mask=sdpa_mask, is_causal=mask is None, dropout_p=dropout_p)  # (B, n_head, T, head_dim)
 
         y = out.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)  # heads side by side again
         return self.resid_dropout(self.out_proj(y)), weights
