@@ -215,31 +215,23 @@ def split_part(index: int, first_doc: int, work: Path, out_dir: Path, dtype: np.
 
 
 def _done_record(work: Path, out_dir: Path, index: int, dtype: np.dtype) -> dict[str, Any] | None:
-    """The done record of a part, if it exists, is the one split_part writes for this part (its own shard
-    names, whole counts) and its shards are on disk with the recorded sizes; else None, and the part is
-    encoded again."""
+    """The done record of a part if it is what split_part writes for this part (its own shard names, whole
+    counts) and its shards are on disk with the recorded sizes; else None, and the part is encoded again."""
+    def whole(value: Any, least: int = 0) -> bool:  # an int, not a bool, of at least `least`
+        return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+    def shard_ok(split: str, entry: dict[str, Any] | None) -> bool:
+        return entry is None or (entry["file"] == shard_name(split, index) and whole(entry["tokens"], 1)
+                                 and whole(entry["max_id"])
+                                 and (out_dir / entry["file"]).stat().st_size == entry["tokens"] * dtype.itemsize)
     try:
         record = json.loads((work / f"done_{index:05d}.json").read_text(encoding="utf-8"))
-        if record["part"] != index or set(record["shards"]) != {"train", "val"} or not _whole(record["docs"]):
-            return None
-        for split, entry in record["shards"].items():
-            if not _whole(record["documents"][split]):
-                return None
-            if entry is None:
-                continue
-            if entry["file"] != shard_name(split, index) or not _whole(entry["tokens"], 1) \
-                    or not _whole(entry["max_id"]):
-                return None
-            if (out_dir / entry["file"]).stat().st_size != entry["tokens"] * dtype.itemsize:
-                return None
-        return record
+        ok = record["part"] == index and set(record["shards"]) == {"train", "val"} and whole(record["docs"]) \
+            and all(whole(record["documents"][split]) and shard_ok(split, entry)
+                    for split, entry in record["shards"].items())
+        return record if ok else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-
-
-def _whole(value: Any, least: int = 0) -> bool:
-    """An int (not a bool) of at least `least`: what a done record's counts must be."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
 def start_over(out_dir: Path, plan: dict[str, Any], keep: str | None = None) -> None:
