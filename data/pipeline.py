@@ -262,7 +262,7 @@ def _write_text(corpus: Corpus, rows: Any, bpe: TiktokenTokenizer | HFTokenizer 
             import datasets
 
             table = datasets.Dataset.from_dict(ranges)
-            with environ_kept():
+            with _environ_kept():
                 encoded = table.map(_encode_text_ranges, batched=True, batch_size=1, writer_batch_size=4,
                                     fn_kwargs={"lines": rows, "tokenizer": tok.to_json(), "split_at": split_at},
                                     **_map_kwargs(work_dir, writer.dtype, num_proc, table.column_names))
@@ -275,7 +275,7 @@ def _write_text(corpus: Corpus, rows: Any, bpe: TiktokenTokenizer | HFTokenizer 
 
 
 @contextmanager
-def environ_kept() -> Iterator[None]:
+def _environ_kept() -> Iterator[None]:
     """Leave os.environ as it was around a datasets.map(num_proc > 1).
 
     That map sets TOKENIZERS_PARALLELISM=false for its forked workers and then rebinds `os.environ` to a

@@ -225,7 +225,7 @@ def test_a_done_record_is_trusted_only_as_split_part_writes_it(tmp_path):
     damages = {
         "another part": lambda r: r.update(part=4),
         "a file that is not the part's shard": lambda r: r["shards"]["train"].update(file="elsewhere.bin"),
-        "a path out of the folder": lambda r: r["shards"]["train"].update(file="../" + tmp_path.name + "/elsewhere.bin"),
+        "a path out of the folder": lambda r: r["shards"]["train"].update(file=f"../{tmp_path.name}/elsewhere.bin"),
         "tokens as text": lambda r: r["shards"]["train"].update(tokens=str(r["shards"]["train"]["tokens"])),
         "tokens as a float": lambda r: r["shards"]["train"].update(tokens=float(r["shards"]["train"]["tokens"])),
         "max_id missing": lambda r: r["shards"]["val"].pop("max_id"),
