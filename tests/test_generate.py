@@ -288,8 +288,8 @@ def test_a_cache_in_another_dtype_holds_the_rounded_keys_and_is_read_back_in_the
         model.setup_kv_cache(batch_size=2, max_len=BLOCK, dtype=dtype)
         with torch.no_grad():
             out = [model(prompt, input_pos=torch.arange(6))[0][:, -1]]
-        caches[dtype] = [(b.attn.kv_cache.k_cache.clone(), b.attn.kv_cache.v_cache.clone()) for b in model.blocks]
-        with torch.no_grad():
+            caches[dtype] = [(b.attn.kv_cache.k_cache.clone(), b.attn.kv_cache.v_cache.clone())
+                             for b in model.blocks]
             for i in range(steps.shape[1]):
                 out.append(model(steps[:, i:i + 1], input_pos=torch.tensor([6 + i]))[0][:, -1])
         logits[dtype] = torch.stack(out, dim=1)  # (B, 4, vocab), float32 both times
