@@ -179,7 +179,8 @@ class CausalSelfAttention(nn.Module):
         else:
             # Eager decoding of one token: its query sits at the newest written position and the mask row is
             # the written prefix, all True (GPT._hidden cuts it there), so the fused kernel needs no mask;
-            # building and applying one costs 5-10% of a CPU decode step. Compiled code keeps the full-buffer row.
+            # applying one costs ~5% of a CPU decode step (benchmarks/RESULTS.md). Compiled code keeps the
+            # full-buffer row.
             sdpa_mask = None if T == 1 and mask is not None and not torch.compiler.is_compiling() else mask
             if n_rep > 1 and SDPA_HAS_GQA:
                 # the kernel reads each shared kv head for its group of query heads: no expanded copy of k, v
