@@ -151,15 +151,14 @@ class CausalSelfAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: (B, T, d_model). rope: (T, head_dim/2, 2) cos/sin rotations for the positions of x (model/rope.py).
         mask: None for plain causal attention over x itself; with a KV cache, bool (T, T_k) rows of the
-        causal table at `input_pos`, the absolute positions of x's tokens, where k/v are written (in eager
-        code cut to the written prefix, T_k = max(input_pos) + 1; compiled code passes whole rows).
+        causal table at `input_pos`, the absolute positions of x's tokens, where k/v are written, cut to the
+        T_k slots attended over: the written prefix max(input_pos) + 1, or the whole buffer (GPT._hidden).
         Returns (y (B, T, d_model), weights (B, n_head, T, T_k) if need_weights else None)."""
         B, T, _ = x.shape
         q, k, v = self.project_qkv(x, rope)
         if self.kv_cache is not None:
             k, v = self.kv_cache.update(input_pos, k, v)  # (B, n_kv_head, max_len, head_dim)
-            if mask is not None and mask.shape[-1] < k.shape[2]:
-                # eager decoding: attend only over the positions written so far (mask is (T, T_k))
+            if mask is not None:  # attend only over the slots the mask covers (T, T_k): the written prefix
                 k, v = k[:, :, :mask.shape[-1]], v[:, :, :mask.shape[-1]]
             # a cache kept in another dtype than the model computes in (e.g. bf16 to halve its memory) is read
             # back in q's dtype; free when they match
@@ -179,8 +178,8 @@ class CausalSelfAttention(nn.Module):
         else:
             # Eager decoding of one token: its query sits at the newest written position and the mask row is
             # the written prefix, all True (GPT._hidden cuts it there), so the fused kernel needs no mask;
-            # applying one costs ~5% of a CPU decode step (benchmarks/RESULTS.md). Compiled code keeps the
-            # full-buffer row.
+            # applying one costs ~5% of an eager CPU decode step (benchmarks/RESULTS.md). Compiled code keeps
+            # the row, which on CUDA is a whole-buffer row with unwritten slots to hide.
             sdpa_mask = None if T == 1 and mask is not None and not torch.compiler.is_compiling() else mask
             if n_rep > 1 and SDPA_HAS_GQA:
                 # the kernel reads each shared kv head for its group of query heads: no expanded copy of k, v

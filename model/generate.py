@@ -119,24 +119,41 @@ def generate(
 def compiled_decode_step(model: GPT) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """A compiled `(token (B, 1), input_pos (1,)) -> logits (B, 1, vocab)` step through the model's KV cache.
 
-    Compiled code sees static shapes: every step attends over the whole preallocated cache buffer with the
-    causal table's row masking the unwritten slots (eager code slices the written prefix instead), so one
-    graph serves every position. On CUDA it is captured as a CUDA graph (mode "reduce-overhead"): a decode
-    step of a small model is a few hundred tiny kernels, and launching them costs more than running them.
+    On a CPU the step attends over the written prefix, as eager code does: the prefix length enters the graph
+    as a dynamic size (the length of `seen`, positions 0..n), so one graph serves every position and the work
+    grows with the context instead of being the whole buffer's from the first token (at 992 tokens in a
+    1024-slot cache: 1.09x eager decoding, where a whole-buffer step was level with it; benchmarks/RESULTS.md).
+    On CUDA every step attends over the whole preallocated buffer, the causal table's row masking the unwritten
+    slots, because the step is captured as a CUDA graph (mode "reduce-overhead"), which needs static shapes: a
+    decode step of a small model is a few hundred tiny kernels, and launching them costs more than running them.
     Built once per model and kept on it (`GPT.setup_kv_cache` reuses the same cache buffers for the same batch
     size and cache length, so later generate() calls reuse the compiled graph too)."""
     step = model.__dict__.get("_compiled_decode")
     if step is None:
         on_cpu = model.tok_emb.weight.device.type == "cpu"
 
-        def decode(token: torch.Tensor, input_pos: torch.Tensor, head_columns: torch.Tensor | None) -> torch.Tensor:
-            hidden, _ = model._hidden(token, input_pos)  # (B, 1, d_model)
+        def decode(token: torch.Tensor, seen: torch.Tensor, head_columns: torch.Tensor | None) -> torch.Tensor:
+            # seen: the positions written once this token is, 0..n (CPU); or (n,) alone (CUDA: whole buffer)
+            hidden, _ = model._hidden(token, seen[-1:], kv_len=seen.shape[0] if on_cpu else None)  # (B, 1, d_model)
             # on a CPU, the column-major head (GPT.logits) also inside the graph; passed in, so a changed
             # weight reaches the compiled code without a recompile
             return hidden @ head_columns if head_columns is not None else model.lm_head(hidden)
         compiled = torch.compile(decode, mode=None if on_cpu else "reduce-overhead", dynamic=False)
 
-        def step(token: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
-            return compiled(token, input_pos, model.head_columns() if on_cpu else None)
+        if on_cpu:
+            positions = torch.arange(model.config.block_size)
+
+            def step(token: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+                n = int(input_pos)
+                if n + 1 == model.causal_table.shape[0]:
+                    # the buffer's last slot: a whole-buffer slice is contiguous, and the graph would have to
+                    # specialise on that length; this one step runs eagerly instead
+                    return model(token, input_pos=input_pos)[0]
+                seen = positions[:n + 1]
+                torch._dynamo.mark_dynamic(seen, 0)  # one graph for every prefix length
+                return compiled(token, seen, model.head_columns())
+        else:
+            def step(token: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+                return compiled(token, input_pos, None)
         model.__dict__["_compiled_decode"] = step
     return step

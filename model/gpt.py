@@ -99,9 +99,13 @@ class GPT(nn.Module):
 
     # ----------------------------------------------------------------------------------------------
     def _hidden(self, idx: torch.Tensor, input_pos: torch.Tensor | None = None,
-                record: set[int] | frozenset[int] = frozenset()) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+                record: set[int] | frozenset[int] = frozenset(),
+                kv_len: int | None = None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """idx (B, T) -> final hidden states (B, T, d_model) and the attention weights of the layers in
-        `record`, each (B, n_head, T, T_k). Weights are only computed for those layers."""
+        `record`, each (B, n_head, T, T_k). Weights are only computed for those layers.
+        kv_len: with a KV cache, how many of its slots the queries attend over. By default eager code takes
+        the written prefix, max(input_pos) + 1, and compiled code the whole buffer; a compiled CPU decode
+        step passes it as a dynamic size (model/generate.py)."""
         B, T = idx.shape
         caching = self.blocks[0].attn.kv_cache is not None
         if input_pos is None:
@@ -116,9 +120,10 @@ class GPT(nn.Module):
             # With a cache, query row i sees the keys written at positions <= input_pos[i] (bottom-right
             # aligned causal attention over the buffer); without one, idx only sees itself.
             mask = self.causal_table[input_pos] if caching else None
-            if caching and not torch.compiler.is_compiling():
-                # eager: attend over the written prefix only (compiled code keeps the static full-buffer shape)
-                mask = mask[:, :int(input_pos.max()) + 1]
+            if caching and kv_len is None and not torch.compiler.is_compiling():
+                kv_len = int(input_pos.max()) + 1  # eager: the written prefix
+            if caching and kv_len is not None:
+                mask = mask[:, :kv_len]
 
         x = self.tok_emb(idx)  # (B, T, d_model)
         if self.pos_emb is not None:
