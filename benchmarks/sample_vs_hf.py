@@ -5,8 +5,9 @@ LlamaForCausalLM), so both run the same weights and must produce the same greedy
 printed). Variants, timed in interleaved rounds (each round runs every variant once, starting one variant
 later each round), median over rounds:
   attngpt          model.generate.generate: prefill, then one eager step per token through the KV cache
-  attngpt-compiled the same with compile=True: the one-token decode step compiled (static cache shapes;
-                   CUDA graphs on a GPU); its one-time compile happens in the warm-up and is reported apart
+  attngpt-compiled the same with compile=True: the one-token decode step compiled (on a CPU one graph over
+                   the written cache prefix; on a GPU a CUDA graph over the static cache); its one-time
+                   compile happens in the warm-up and is reported apart
   hf               transformers' generate(do_sample=False, use_cache=True) with its default dynamic cache
 tok/s = new tokens / wall time of the whole call (prefill included), as a user waits for it.
 

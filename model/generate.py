@@ -121,8 +121,8 @@ def compiled_decode_step(model: GPT) -> Callable[[torch.Tensor, torch.Tensor], t
 
     On a CPU the step attends over the written prefix, as eager code does: the prefix length enters the graph
     as a dynamic size (the length of `seen`, positions 0..n), so one graph serves every position and the work
-    grows with the context instead of being the whole buffer's from the first token (at 992 tokens in a
-    1024-slot cache: 1.09x eager decoding, where a whole-buffer step was level with it; benchmarks/RESULTS.md).
+    grows with the context instead of being the whole buffer's from the first token (GPT-2 6 x 384, 992 tokens
+    in a 1024-slot cache: 1.10x a whole-buffer step; benchmarks/RESULTS.md).
     On CUDA every step attends over the whole preallocated buffer, the causal table's row masking the unwritten
     slots, because the step is captured as a CUDA graph (mode "reduce-overhead"), which needs static shapes: a
     decode step of a small model is a few hundred tiny kernels, and launching them costs more than running them.
