@@ -1,5 +1,6 @@
 """PyTorch DDP on CPU (gloo): 2 processes give the same losses as 1 process with twice the accumulation,
-and a 2-process run stopped and resumed gives the losses of the uninterrupted one.
+and a 2-process run stopped and resumed gives the losses of the uninterrupted one. A process that finished
+waits for the others before it leaves the group.
 
 The loader keys every micro-batch by its global index, so both setups see the same batches in each
 step; DDP averages the two ranks' gradients, which equals accumulating over both halves in one process.
@@ -11,7 +12,7 @@ import json
 
 import pytest
 
-from tests.helpers import run_cli, shakespeare_data_dir
+from tests.helpers import REPO, run_cli, shakespeare_data_dir, tiny_config
 
 
 def losses(out_dir) -> dict[int, float]:
@@ -46,3 +47,43 @@ def test_two_gloo_processes_match_one_process_with_double_accumulation_and_resum
     resumed = run_cli(torchrun, env_extra=env, timeout=300)
     assert resumed.returncode == 0 and "resuming from" in resumed.stderr, resumed.stderr[-3000:]
     assert losses(tmp_path / "resumed") == pytest.approx(two, rel=1e-6, abs=1e-7)
+
+
+TEARDOWN = """
+import sys, time
+from pathlib import Path
+from training.runtime import setup_runtime, teardown_runtime
+rt = setup_runtime("cpu", "float32")
+marker = Path(sys.argv[1])
+if rt.rank == 1:
+    time.sleep(3)  # the slower process: rank 0 reaches its teardown long before
+    marker.write_text("rank 1 is tearing down")
+teardown_runtime(rt, finished=True)
+if rt.rank == 0:
+    print("rank 0 left after rank 1 arrived" if marker.exists() else "rank 0 left first", flush=True)
+"""
+
+
+def test_a_finished_process_leaves_the_group_only_when_every_process_has_finished(tmp_path):
+    """A process that finished its run waits for the others before tearing down its gloo threads."""
+    script = tmp_path / "teardown.py"
+    script.write_text(TEARDOWN, encoding="utf-8")
+    proc = run_cli(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+                    str(tmp_path / "rank1")], env_extra={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 0 left after rank 1 arrived" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+
+
+def test_train_tells_the_teardown_whether_the_run_finished(tmp_path, monkeypatch):
+    """Only a run that ended normally waits for its peers at the barrier; one leaving on an error must not."""
+    import training.trainer as trainer
+
+    told = []
+    monkeypatch.setattr(trainer, "teardown_runtime", lambda rt, finished=False: told.append(finished))
+    trainer.train(tiny_config(tmp_path / "ok", "train.max_iters=2", "eval.interval=2", "attn.enabled=false"))
+
+    def crash(steps: int) -> bool:
+        raise RuntimeError("simulated crash")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        trainer.train(tiny_config(tmp_path / "crash", "train.max_iters=2", "attn.enabled=false"), should_stop=crash)
+    assert told == [True, False]

@@ -123,8 +123,14 @@ def setup_runtime(device_name: str, dtype: str) -> Runtime:
     return Runtime(device, resolve_autocast(dtype, device))
 
 
-def teardown_runtime(rt: Runtime) -> None:
+def teardown_runtime(rt: Runtime, finished: bool = False) -> None:
+    """Leave the process group. finished: this process ended its run normally; it then waits at a barrier
+    for the others first, so no process tears down its gloo threads while a peer still has work in flight
+    with it (a process leaving early has aborted at exit in C++: "terminate called without an active
+    exception"). A process leaving on an error does not wait: torchrun stops its peers."""
     if dist.is_initialized():  # torchrun's group, or the one-process group of an FSDP run
+        if finished and dist.get_world_size() > 1:
+            dist.barrier()
         dist.destroy_process_group()
 
 

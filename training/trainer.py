@@ -73,12 +73,15 @@ def train(cfg: RunConfig, should_stop: Callable[[int], bool] | None = None) -> T
     rt = setup_runtime(cfg.device, cfg.dtype)
     run: Run | None = None
     lock: RunDirLock | None = None
+    finished = False
     try:
         if rt.is_main:  # the one writer of out_dir (training/run_lock.py); the other ranks only read
             _make_out_dir(Path(cfg.out_dir))
             lock = lock_run_dir(cfg.out_dir)
         run = setup(cfg, rt, lock)
-        return train_loop(run, should_stop)
+        result = train_loop(run, should_stop)
+        finished = True
+        return result
     except BaseException:
         if run is not None and run.logger.bar is not None:
             run.logger.bar.close()  # end the progress bar's line first: the error printed next gets a line of its own
@@ -86,7 +89,7 @@ def train(cfg: RunConfig, should_stop: Callable[[int], bool] | None = None) -> T
     finally:
         if lock is not None:
             lock.release()
-        teardown_runtime(rt)
+        teardown_runtime(rt, finished)
 
 
 @dataclass
