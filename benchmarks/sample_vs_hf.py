@@ -13,7 +13,8 @@ tok/s = new tokens / wall time of the whole call (prefill included), as a user w
 
 Shapes (--shapes): gpt2 = GPT-2 architecture (learned positions, LayerNorm, GELU, biases, tied) and llama =
 Llama architecture (RoPE, RMSNorm, SwiGLU, GQA 6/2, untied), both 6 layers x 384 wide, vocabulary 50304,
-block 1024; gpt2-124m = GPT-2 small itself.
+block 1024; gpt2-124m = GPT-2 small itself; small = the default run's model (configs/small.yaml: 3 layers x
+128, GQA 4/2, block 256) over 65 characters, compared as a LlamaForCausalLM.
 
     python benchmarks/sample_vs_hf.py [--shapes gpt2,llama] [--new-tokens 128,992] [--prompt 32] [--rounds 3]
         [--threads 1] [--device cpu|cuda] [--dtype float32|bfloat16] [--no-save]
@@ -23,6 +24,7 @@ Prints the table with the ratios and appends a dated section to benchmarks/RESUL
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -39,8 +41,10 @@ from common.errors import ArgumentParser, UserError, user_errors_exit  # noqa: E
 from model import GPT, ModelConfig  # noqa: E402
 from model.generate import generate  # noqa: E402
 from model.hf import to_transformers  # noqa: E402
+from training.config import load_run_config  # noqa: E402
 from training.runtime import synchronize  # noqa: E402
 
+REPO = HERE.parent
 COMMON = dict(vocab_size=50304, block_size=1024, attn_impl="sdpa")
 SHAPES = {
     "gpt2": ModelConfig(**COMMON, n_layer=6, n_head=6, d_model=384, pos="learned", norm="layernorm", mlp="gelu",
@@ -49,6 +53,8 @@ SHAPES = {
                          mlp="swiglu", tie_embeddings=False),
     "gpt2-124m": ModelConfig(**COMMON, n_layer=12, n_head=12, d_model=768, pos="learned", norm="layernorm",
                              mlp="gelu", bias=True),
+    # the default run's model: configs/small.yaml's shape over tinyshakespeare's 65 characters
+    "small": dataclasses.replace(load_run_config(REPO / "configs" / "small.yaml", []).model, vocab_size=65),
 }
 VARIANTS = ("attngpt", "attngpt-compiled", "hf")
 
@@ -125,8 +131,10 @@ def main() -> None:
             lengths = [int(n) for n in args.new_tokens.split(",") if n.strip()]
         except ValueError:
             raise UserError(f"--new-tokens {args.new_tokens!r}: comma-separated integers, e.g. 128,992") from None
-        if not lengths or any(n < 1 or args.prompt + n > 1024 for n in lengths) or args.prompt < 1:
-            raise UserError("--prompt and --new-tokens must be >= 1, with prompt + new tokens <= 1024")
+        block = min(SHAPES[s].block_size for s in shapes)
+        if not lengths or any(n < 1 or args.prompt + n > block for n in lengths) or args.prompt < 1:
+            raise UserError(f"--prompt and --new-tokens must be >= 1, with prompt + new tokens <= {block} "
+                            f"(the block size of --shapes {args.shapes})")
         if args.rounds < 1 or args.threads < 1:
             raise UserError("--rounds and --threads must be >= 1")
         device = resolve_device(args.device, setting="--device ")
