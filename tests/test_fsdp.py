@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from model.checkpoint import load_model
-from tests.helpers import REPO, assert_one_line_error, kill_tree, prepared_shakespeare_dir, run_cli
+from tests.helpers import (REPO, assert_one_line_error, kill_tree, needs_cpu_fsdp, prepared_shakespeare_dir,
+                           run_cli)
 
 COMMON = ["configs/tiny.yaml", "train.max_iters=6", "train.log_interval=1", "eval.interval=2", "eval.iters=2",
           "model.dropout=0.0", "train.peak_flops=1e12"]
@@ -47,6 +48,7 @@ def uninterrupted(tmp_path_factory, env) -> Path:
 
 
 @pytest.mark.slow
+@needs_cpu_fsdp
 def test_two_fsdp_processes_match_one_process_with_double_accumulation(tmp_path, env, uninterrupted):
     single = run_cli(["train.py", *COMMON, f"out_dir={tmp_path / 'one'}", "train.grad_accum=2",
                       "attn.enabled=false"], env_extra=env)
@@ -66,6 +68,7 @@ def test_two_fsdp_processes_match_one_process_with_double_accumulation(tmp_path,
 
 
 @pytest.mark.slow
+@needs_cpu_fsdp
 def test_killed_fsdp_run_resumes_exactly(tmp_path, env, uninterrupted):
     out = tmp_path / "run"
     argv = [sys.executable, *TORCHRUN, *COMMON, f"out_dir={out}", "train.parallel=fsdp"]
@@ -90,9 +93,34 @@ def test_killed_fsdp_run_resumes_exactly(tmp_path, env, uninterrupted):
 
 
 @pytest.mark.slow
+@needs_cpu_fsdp
 def test_a_sharded_checkpoint_needs_fsdp_and_the_same_process_count(tmp_path, env, uninterrupted):
     more = ["train.max_iters=8", f"out_dir={uninterrupted}"]
     as_ddp = run_cli(["train.py", *COMMON, *more], env_extra=env)
     assert_one_line_error(as_ddp, "train.py", "was saved by train.parallel=fsdp", "train.parallel=fsdp")
     one_process = run_cli(["train.py", *COMMON, *more, "train.parallel=fsdp"], env_extra=env)
     assert_one_line_error(one_process, "train.py", "saved by 2 processes and this run has 1", "same number")
+
+
+def test_the_fsdp2_api_is_found_where_each_pytorch_keeps_it(monkeypatch):
+    """Public in torch.distributed.fsdp from PyTorch 2.6; under torch.distributed._composable.fsdp in 2.4 and 2.5."""
+    import torch.distributed.fsdp as public
+    from torch.distributed._composable import fsdp as composable
+
+    from training.parallel import fsdp2
+    assert fsdp2() is (public if hasattr(public, "fully_shard") else composable)
+    monkeypatch.delattr(public, "fully_shard", raising=False)  # as in PyTorch 2.4 and 2.5
+    assert fsdp2() is composable and callable(fsdp2().fully_shard)
+
+
+def test_fsdp_on_a_cpu_needs_pytorch_2_6(monkeypatch):
+    """Before 2.6 FSDP2 creates CUDA streams whatever the device: one clear line instead of a CUDA error."""
+    from common.errors import UserError
+    from training.parallel import check_fsdp_settings
+
+    monkeypatch.setattr(torch, "__version__", "2.5.1+cpu")
+    with pytest.raises(UserError, match=r"needs PyTorch >= 2.6 \(this is 2.5.1\+cpu\).*train.parallel=ddp"):
+        check_fsdp_settings(None, torch.device("cpu"))
+    check_fsdp_settings(None, torch.device("cuda"))  # a GPU shards through the older module
+    monkeypatch.setattr(torch, "__version__", "2.6.0")
+    check_fsdp_settings(None, torch.device("cpu"))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from model.checkpoint import load_model
-from tests.helpers import REPO, run_cli
+from tests.helpers import REPO, needs_cpu_fsdp, run_cli
 
 FILES, DOCS = 3, 800  # 2,400 documents: val_fraction 0.0005 puts exactly one (document 1999) in val
 SHRINK = ["device=cpu", "dtype=float32", "model.n_layer=2", "model.n_head=2", "model.n_kv_head=2", "model.d_model=64",
@@ -56,7 +56,7 @@ def val_losses(out_dir: Path) -> list[float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+@pytest.mark.parametrize("parallel", ["ddp", pytest.param("fsdp", marks=needs_cpu_fsdp)])
 def test_gpt2_124m_recipe_dry_run(hub_like, tmp_path, parallel):
     out = tmp_path / parallel
     proc = run(hub_like, out, f"train.parallel={parallel}", *(["attn.enabled=false"] if parallel == "ddp" else []))

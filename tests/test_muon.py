@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from model import GPT
-from tests.helpers import REPO, tiny_config
+from tests.helpers import REPO, needs_cpu_fsdp, tiny_config
 from training.muon import Muon, orthogonalize, orthogonalize_parts
 from training.optim import build_optimizers, fused_row_splits
 
@@ -136,8 +136,9 @@ def test_a_run_in_bfloat16_orthogonalises_in_bfloat16(tmp_path, monkeypatch):
 
 SHARDED = textwrap.dedent("""
     import sys, torch, torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard
     sys.path.insert(0, sys.argv[1])
+    from training.parallel import fsdp2
+    fully_shard = fsdp2().fully_shard
     from model import GPT
     from model.config import ModelConfig
     from training.config import TrainConfig
@@ -170,6 +171,7 @@ SHARDED = textwrap.dedent("""
 
 
 @pytest.mark.slow
+@needs_cpu_fsdp
 def test_row_sharded_matrices_step_as_whole_ones(tmp_path):
     """Under FSDP2 (2 processes, each holding half the rows of every matrix) Muon's steps equal those of one
     process holding the whole model: the gathered update is orthogonalised part by part, as in one process."""

@@ -46,11 +46,25 @@ from training.runtime import Runtime
 STOP_CODES = {None: 0, "requested": 1, "SIGINT": 2, "SIGTERM": 3}
 
 
+def _torch_version() -> tuple[int, int]:
+    return tuple(int(part) for part in torch.__version__.split(".")[:2])  # "2.4.1+cpu" -> (2, 4)
+
+
+def fsdp2() -> Any:
+    """The module that holds the FSDP2 API (fully_shard, FSDPModule, MixedPrecisionPolicy, ...): public in
+    `torch.distributed.fsdp` from PyTorch 2.6 on, `torch.distributed._composable.fsdp` in 2.4 and 2.5."""
+    import torch.distributed.fsdp as public
+
+    if hasattr(public, "fully_shard"):
+        return public
+    from torch.distributed._composable import fsdp as composable
+
+    return composable
+
+
 def is_sharded(model: nn.Module) -> bool:
     """True for a model wrapped by `fully_shard` (its class becomes FSDP<name>)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
+    return isinstance(model, fsdp2().FSDPModule)
 
 
 def ensure_process_group(rt: Runtime) -> None:
@@ -61,7 +75,11 @@ def ensure_process_group(rt: Runtime) -> None:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
 
 
-def check_fsdp_settings(autocast_dtype: torch.dtype | None) -> None:
+def check_fsdp_settings(autocast_dtype: torch.dtype | None, device: torch.device) -> None:
+    if device.type == "cpu" and _torch_version() < (2, 6):
+        # before 2.6, FSDP2 creates CUDA streams whatever the device
+        raise UserError(f"train.parallel=fsdp on a CPU needs PyTorch >= 2.6 (this is {torch.__version__}): "
+                        "upgrade torch, or use train.parallel=ddp")
     if autocast_dtype == torch.float16:
         raise UserError("dtype float16 is not supported with train.parallel=fsdp (its loss scaling is untested on "
                         "sharded gradients): use dtype bfloat16, which needs no loss scaling")
@@ -71,9 +89,10 @@ def shard_model(model: nn.Module, rt: Runtime) -> nn.Module:
     """fully_shard every block, then the root, over all processes; mixed precision from the run's dtype.
     `model` is the CPU-built GPT; it comes back sharded on rt.device (the same object, now an FSDP module)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
-    check_fsdp_settings(rt.autocast_dtype)
+    fsdp = fsdp2()
+    MixedPrecisionPolicy, fully_shard = fsdp.MixedPrecisionPolicy, fsdp.fully_shard
+    check_fsdp_settings(rt.autocast_dtype, rt.device)
     ensure_process_group(rt)
     mesh = init_device_mesh(rt.device.type, (dist.get_world_size(),))
     if rt.autocast_dtype == torch.bfloat16:
@@ -83,7 +102,7 @@ def shard_model(model: nn.Module, rt: Runtime) -> nn.Module:
     for block in model.blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
-    register_fsdp_forward_method(model, "attention_maps")  # the monitor's forward pass gathers weights too
+    fsdp.register_fsdp_forward_method(model, "attention_maps")  # the monitor's forward pass gathers weights too
     return model
 
 
