@@ -30,8 +30,9 @@ def evaluate(model: GPT, cfg: RunConfig, prepared: PreparedData, rt: Runtime, bl
             with rt.autocast():
                 _, loss = model(x, y)
             total += loss.float()
-        if rt.ddp:
-            dist.all_reduce(total, op=dist.ReduceOp.AVG)
+        if rt.ddp:  # the mean over processes (gloo takes ReduceOp.AVG only from PyTorch 2.6)
+            dist.all_reduce(total, op=dist.ReduceOp.SUM)
+            total /= rt.world_size
         out[split] = total.item() / cfg.eval.iters
     model.train(was_training)
     return out

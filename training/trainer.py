@@ -320,8 +320,9 @@ def train_step(run: Run, step: int) -> tuple[float | None, float]:
     run.optimizers.set_lr_factor(lr_factor(step, tc))
     loss_sum, grad_norm = accumulate_gradients(run.model, run.raw_model, run.loader.next_batch, rt, tc.grad_accum,
                                                tc.grad_clip, run.scaler, run.optimizers)
-    if rt.ddp:
-        dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
+    if rt.ddp:  # the mean over processes (SUM, then divide: gloo takes ReduceOp.AVG only from PyTorch 2.6)
+        dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
+        loss_sum /= rt.world_size
     loss_value, norm_value = loss_sum.item(), grad_norm.item()
     if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
         run.optimizers.zero_grad()
