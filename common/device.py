@@ -6,6 +6,11 @@ import torch
 from common.errors import UserError
 
 
+def torch_version() -> tuple[int, int]:
+    """The installed PyTorch's (major, minor): "2.4.1+cpu" -> (2, 4). Features that arrived later are chosen by it."""
+    return tuple(int(part) for part in torch.__version__.split(".")[:2])
+
+
 def resolve_device(name: str, setting: str = "device=") -> torch.device:
     """'auto' -> cuda > mps > cpu; an explicit device that this machine lacks is a UserError, whose advice
     is written as the caller's user sets a device: `setting` + value ("device=cpu", "--device cpu")."""

@@ -18,12 +18,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from common.device import torch_version
 from model.config import ModelConfig
 from model.rope import apply_rope
 
 
 # F.scaled_dot_product_attention takes enable_gqa from PyTorch 2.5 on; with 2.4 k, v are repeated instead
-SDPA_HAS_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
+SDPA_HAS_GQA = torch_version() >= (2, 5)
 
 
 def causal_mask(t_q: int, t_k: int, device: torch.device | str | None = None) -> torch.Tensor:

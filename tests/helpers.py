@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+
+from common.device import torch_version
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "configs" / "tiny.yaml"
@@ -17,8 +18,7 @@ SHAKESPEARE_SOURCES = [REPO / "data" / "cache" / "tinyshakespeare" / "input.txt"
                        REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"]
 
 # FSDP2 runs on a CPU from PyTorch 2.6 on; before, it creates CUDA streams (training/parallel.py refuses it)
-needs_cpu_fsdp = pytest.mark.skipif(tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 6),
-                                    reason="FSDP2 on a CPU needs PyTorch >= 2.6")
+needs_cpu_fsdp = pytest.mark.skipif(torch_version() < (2, 6), reason="FSDP2 on a CPU needs PyTorch >= 2.6")
 
 
 class Plant:

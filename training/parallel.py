@@ -40,14 +40,11 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from common.device import torch_version
 from common.errors import UserError
 from training.runtime import Runtime
 
 STOP_CODES = {None: 0, "requested": 1, "SIGINT": 2, "SIGTERM": 3}
-
-
-def _torch_version() -> tuple[int, int]:
-    return tuple(int(part) for part in torch.__version__.split(".")[:2])  # "2.4.1+cpu" -> (2, 4)
 
 
 def fsdp2() -> Any:
@@ -76,7 +73,7 @@ def ensure_process_group(rt: Runtime) -> None:
 
 
 def check_fsdp_settings(autocast_dtype: torch.dtype | None, device: torch.device) -> None:
-    if device.type == "cpu" and _torch_version() < (2, 6):
+    if device.type == "cpu" and torch_version() < (2, 6):
         # before 2.6, FSDP2 creates CUDA streams whatever the device
         raise UserError(f"train.parallel=fsdp on a CPU needs PyTorch >= 2.6 (this is {torch.__version__}): "
                         "upgrade torch, or use train.parallel=ddp")
@@ -90,18 +87,17 @@ def shard_model(model: nn.Module, rt: Runtime) -> nn.Module:
     `model` is the CPU-built GPT; it comes back sharded on rt.device (the same object, now an FSDP module)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    fsdp = fsdp2()
-    MixedPrecisionPolicy, fully_shard = fsdp.MixedPrecisionPolicy, fsdp.fully_shard
     check_fsdp_settings(rt.autocast_dtype, rt.device)
+    fsdp = fsdp2()
     ensure_process_group(rt)
     mesh = init_device_mesh(rt.device.type, (dist.get_world_size(),))
     if rt.autocast_dtype == torch.bfloat16:
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        policy = fsdp.MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     else:
-        policy = MixedPrecisionPolicy()
+        policy = fsdp.MixedPrecisionPolicy()
     for block in model.blocks:
-        fully_shard(block, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+        fsdp.fully_shard(block, mesh=mesh, mp_policy=policy)
+    fsdp.fully_shard(model, mesh=mesh, mp_policy=policy)
     fsdp.register_fsdp_forward_method(model, "attention_maps")  # the monitor's forward pass gathers weights too
     return model
 
