@@ -2,6 +2,11 @@
 e.g. the tokenizer). Everything sampling needs, and nothing that runs code when read: safetensors and
 JSON are data formats, unlike pickle.
 
+A folder is read as untrusted input: config.json is bounded in size before it is read (MAX_CONFIG_BYTES),
+parsed as strict JSON and validated (ModelConfig checks every field's type and range), and the model's size
+is checked against memory before anything is built; the weights' header is checked (names, shapes, float
+dtypes, the layer count) before a tensor is read.
+
 Writing is not atomic here: callers write into a fresh folder and rename it (training/checkpoint.py).
 Reading never writes: `find_checkpoint`, `load_checkpoint` and `load_model` rename, delete and create
 nothing, so they are safe while a run is saving into the same folder; `load_checkpoint` reads again when a
@@ -11,18 +16,24 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from common.errors import UserError
+from common.json_file import FileContentError, MissingFileError, read_json
 from model.config import ModelConfig
 from model.gpt import GPT
 from model.memory import check_fits_in_memory
+from model.safetensors_file import layer_count, not_float, read_header
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
+MAX_CONFIG_BYTES = 4_000_000  # a checkpoint's config.json is a few kB (a large char vocabulary some hundred kB)
+LAYER_NAME = re.compile(r"blocks\.(\d+)\.")  # the tensors of block i are named blocks.i.*
 BEST = "best"  # a run's lowest-val-loss checkpoint: what sampling reads first
 LATEST = "latest"  # a run's newest checkpoint: what a resume continues
 
@@ -117,18 +128,27 @@ def _identity(folder: Path) -> tuple[int, int, int | None] | None:
 
 
 def read_config(directory: str | Path) -> dict[str, Any]:
+    """The checkpoint's config.json payload, checked (module doc): a `model` section that makes a valid
+    ModelConfig of a model that fits in this machine's memory. Anything else raises CheckpointError."""
     path = Path(directory) / CONFIG_FILE
     if not path.is_file():
         raise CheckpointError(f"no {CONFIG_FILE} in '{directory}': not a checkpoint folder")
     try:
-        payload = json.loads(path.read_text(encoding="utf-8"))
-        ModelConfig.from_dict(payload["model"])
-    except FileNotFoundError:  # removed since the check above (a run swapping its checkpoints)
+        payload = read_json(path, MAX_CONFIG_BYTES, CONFIG_FILE)
+    except MissingFileError:  # removed since the check above (a run swapping its checkpoints)
         raise CheckpointError(f"no {CONFIG_FILE} in '{directory}': not a checkpoint folder") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as e:
+    except FileContentError as e:
+        raise CheckpointError(f"'{path}' is corrupted or not an attngpt config: it {e.problem}") from None
+    try:
+        if not isinstance(payload, dict):
+            raise TypeError(f"it holds {type(payload).__name__}, not an object")
+        config = ModelConfig.from_dict(payload["model"])
+    except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"'{path}' is corrupted or not an attngpt config ({type(e).__name__}: {e})") from None
-    except OSError as e:
-        raise CheckpointError(f"cannot read '{path}' ({e.strerror or e})") from None
+    try:  # host memory: every loader builds the model there first
+        check_fits_in_memory(config, "cpu", source=f"'{path}'")
+    except UserError as e:
+        raise CheckpointError(str(e)) from None
     return payload
 
 
@@ -139,32 +159,44 @@ def load_model(directory: str | Path, device: torch.device | str = "cpu") -> tup
     payload = read_config(directory)
     config = ModelConfig.from_dict(payload["model"])
     check_fits_in_memory(config, device, source=f"'{directory / CONFIG_FILE}'")
+    weights = _weights_path(directory / WEIGHTS_FILE)
+    stored = layer_count(read_header(weights, CheckpointError), LAYER_NAME)
+    if stored != config.n_layer:  # before building: a config of 10**6 layers beside 2 stored ones builds for minutes
+        raise CheckpointError(f"weights in '{weights}' do not match the model in its config.json: n_layer "
+                              f"{config.n_layer} in the config, {stored} layers in the weights")
     model = GPT(config)
-    load_weights(model, directory / WEIGHTS_FILE)
+    load_weights(model, weights)
     return model.to(device).eval(), payload
 
 
-def load_weights(model: GPT, path: str | Path) -> None:
-    """Load safetensors weights into `model`, checking every name and shape first."""
-    path = Path(path)
+def _weights_path(path: Path) -> Path:
     if not path.is_file():
         raise CheckpointError(f"no weights file '{path}'")
-    try:
-        state = load_file(str(path))
-    except Exception as e:  # safetensors raises several types for a bad header or a short file
-        raise CheckpointError(f"weights file '{path}' is corrupted or truncated ({type(e).__name__}: {e})") from None
+    return path
+
+
+def load_weights(model: GPT, path: str | Path) -> None:
+    """Load safetensors weights into `model`, checking every name, shape and dtype from the header first."""
+    path = _weights_path(Path(path))
+    header = read_header(path, CheckpointError)
     expected = {name: t.shape for name, t in _weights_to_save(model).items()}
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    wrong_shape = [f"{n} {tuple(state[n].shape)} vs model {tuple(expected[n])}"
-                   for n in expected if n in state and state[n].shape != expected[n]]
-    if missing or unexpected or wrong_shape:
+    missing = sorted(set(expected) - set(header))
+    unexpected = sorted(set(header) - set(expected))
+    wrong_shape = [f"{n} {header[n].shape} vs model {tuple(expected[n])}"
+                   for n in expected if n in header and header[n].shape != tuple(expected[n])]
+    wrong_dtype = not_float(header)
+    if missing or unexpected or wrong_shape or wrong_dtype:
         details = "; ".join(filter(None, [
             f"missing {', '.join(missing[:3])}" if missing else "",
             f"unexpected {', '.join(unexpected[:3])}" if unexpected else "",
-            f"shape {', '.join(wrong_shape[:3])}" if wrong_shape else ""]))
+            f"shape {', '.join(wrong_shape[:3])}" if wrong_shape else "",
+            f"not floating-point weights: {', '.join(wrong_dtype[:3])}" if wrong_dtype else ""]))
         raise CheckpointError(f"weights in '{path}' do not match the model in its config.json: {details}")
-    bad = [name for name, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    try:
+        state = load_file(str(path))
+    except Exception as e:  # safetensors raises several types for a file that changed since its header was read
+        raise CheckpointError(f"weights file '{path}' is corrupted or truncated ({type(e).__name__}: {e})") from None
+    bad = [name for name, t in state.items() if not torch.isfinite(t).all()]
     if bad:
         raise CheckpointError(f"weights in '{path}' hold NaN or inf values (e.g. {bad[0]})")
     model.load_state_dict(state, strict=False)  # strict=False only for the tied lm_head, checked above

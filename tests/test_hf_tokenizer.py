@@ -81,6 +81,8 @@ def test_stored_as_a_sidecar_whose_hash_is_checked(llama_style, tmp_path):
 
 def test_a_broken_tokenizer_json_is_one_clear_error():
     with pytest.raises(UserError, match="cannot be read by the tokenizers library"):
-        HFTokenizer(b'{"model": {"type": "Nonsense"}}')
+        HFTokenizer(b'{"model": {"type": "Nonsense", "vocab": {}}}')
+    with pytest.raises(UserError, match=r"model.vocab is missing, expected an object .*the file is damaged"):
+        HFTokenizer(b'{"model": {"type": "BPE"}}')  # checked before the library sees it
     with pytest.raises(UserError, match="eot id 5000 is outside the tokenizer's"):
         HFTokenizer(llama_tokenizer_json().encode(), eot=5000)
