@@ -28,7 +28,7 @@ from common.json_file import FileContentError, MissingFileError, read_json
 from model.config import ModelConfig
 from model.gpt import GPT
 from model.memory import check_fits_in_memory
-from model.safetensors_file import layer_count, not_float, read_header
+from model.safetensors_file import FLOAT_DTYPES, TensorInfo, layer_count, not_float, read_header
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -154,18 +154,23 @@ def read_config(directory: str | Path) -> dict[str, Any]:
 
 def load_model(directory: str | Path, device: torch.device | str = "cpu") -> tuple[GPT, dict[str, Any]]:
     """Rebuild the GPT saved in `directory`. Returns (model in eval mode, the config.json payload).
-    Missing, truncated or corrupted files and weights of another shape raise CheckpointError."""
+    Missing, truncated or corrupted files and weights of another shape raise CheckpointError, before the model
+    is built: the weights' header is checked against the model's shapes (from one built on the meta device,
+    once the layer count agrees: a config of 10**5 layers beside 2 stored ones would build for minutes)."""
     directory = Path(directory)
     payload = read_config(directory)
     config = ModelConfig.from_dict(payload["model"])
     check_fits_in_memory(config, device, source=f"'{directory / CONFIG_FILE}'")
     weights = _weights_path(directory / WEIGHTS_FILE)
-    stored = layer_count(read_header(weights, CheckpointError), LAYER_NAME)
-    if stored != config.n_layer:  # before building: a config of 10**6 layers beside 2 stored ones builds for minutes
+    header = read_header(weights, CheckpointError)
+    stored = layer_count(header, LAYER_NAME)
+    if stored != config.n_layer:
         raise CheckpointError(f"weights in '{weights}' do not match the model in its config.json: n_layer "
                               f"{config.n_layer} in the config, {stored} layers in the weights")
+    with torch.device("meta"):
+        _check_header(header, GPT(config), weights)
     model = GPT(config)
-    load_weights(model, weights)
+    _read_weights(model, weights, header)
     return model.to(device).eval(), payload
 
 
@@ -179,11 +184,17 @@ def load_weights(model: GPT, path: str | Path) -> None:
     """Load safetensors weights into `model`, checking every name, shape and dtype from the header first."""
     path = _weights_path(Path(path))
     header = read_header(path, CheckpointError)
-    expected = {name: t.shape for name, t in _weights_to_save(model).items()}
+    _check_header(header, model, path)
+    _read_weights(model, path, header)
+
+
+def _check_header(header: dict[str, TensorInfo], model: GPT, path: Path) -> None:
+    """The weights file holds exactly `model`'s tensors, of its shapes, as floating-point numbers."""
+    expected = {name: tuple(t.shape) for name, t in _weights_to_save(model).items()}
     missing = sorted(set(expected) - set(header))
     unexpected = sorted(set(header) - set(expected))
-    wrong_shape = [f"{n} {header[n].shape} vs model {tuple(expected[n])}"
-                   for n in expected if n in header and header[n].shape != tuple(expected[n])]
+    wrong_shape = [f"{n} {header[n].shape} vs model {expected[n]}"
+                   for n in expected if n in header and header[n].shape != expected[n]]
     wrong_dtype = not_float(header)
     if missing or unexpected or wrong_shape or wrong_dtype:
         details = "; ".join(filter(None, [
@@ -192,10 +203,18 @@ def load_weights(model: GPT, path: str | Path) -> None:
             f"shape {', '.join(wrong_shape[:3])}" if wrong_shape else "",
             f"not floating-point weights: {', '.join(wrong_dtype[:3])}" if wrong_dtype else ""]))
         raise CheckpointError(f"weights in '{path}' do not match the model in its config.json: {details}")
+
+
+def _read_weights(model: GPT, path: Path, header: dict[str, TensorInfo]) -> None:
+    """The tensors of a file whose `header` was checked into `model`, each finite."""
     try:
         state = load_file(str(path))
-    except Exception as e:  # safetensors raises several types for a file that changed since its header was read
+    except Exception as e:  # safetensors raises several types for a bad header or a short file
         raise CheckpointError(f"weights file '{path}' is corrupted or truncated ({type(e).__name__}: {e})") from None
+    if {n: (str(t.dtype), tuple(t.shape)) for n, t in state.items()} != \
+            {n: (str(FLOAT_DTYPES[i.dtype]), i.shape) for n, i in header.items()}:
+        # a save replaced the file between the two reads: load_checkpoint looks again
+        raise CheckpointError(f"weights file '{path}' changed while it was read")
     bad = [name for name, t in state.items() if not torch.isfinite(t).all()]
     if bad:
         raise CheckpointError(f"weights in '{path}' hold NaN or inf values (e.g. {bad[0]})")

@@ -10,11 +10,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from common.errors import UserError
 
 # the dtypes a weight may be stored in (read as float32, or kept); integers, bools and float8 (which needs a
 # scale tensor to mean anything) are not weights
-FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
+FLOAT_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
 
 
 @dataclass(frozen=True)
