@@ -87,9 +87,8 @@ class Float(Schema):
             raise Invalid(key, value, self.describe())
 
     def describe(self) -> str:
-        bounds = [f">= {self.low}" if self.low is not None else "", f"> {self.above}" if self.above is not None else "",
-                  f"<= {self.high}" if self.high is not None else "", f"< {self.below}" if self.below is not None else ""]
-        bounds = [b for b in bounds if b]
+        bounds = [f"{sign} {bound}" for sign, bound in ((">=", self.low), (">", self.above), ("<=", self.high),
+                                                         ("<", self.below)) if bound is not None]
         return "a finite number" + (f" {' and '.join(bounds)}" if bounds else "")
 
 

@@ -2,10 +2,10 @@
 
 Reading (`tokenizer_for_hf_folder`): a GPT-2 checkpoint whose vocabulary and merges are GPT-2's (checked entry
 by entry against tiktoken's, whichever of tokenizer.json / vocab.json + merges.txt it ships) uses attngpt's
-tiktoken "gpt2" encoding: the same ids and the fast encoder. Any other checkpoint uses its own tokenizer.json through the
-`tokenizers` library (HFTokenizer), with its end-of-sequence and beginning-of-sequence ids taken from
-tokenizer_config.json, else config.json / generation_config.json. Every file is bounded in size and checked for
-its structure before it is used (data/tokenizer_files.py).
+tiktoken "gpt2" encoding: the same ids and the fast encoder. Any other checkpoint uses its own tokenizer.json
+through the `tokenizers` library (HFTokenizer), with its end-of-sequence and beginning-of-sequence ids taken
+from tokenizer_config.json, else config.json / generation_config.json. Every file is bounded in size and
+checked for its structure before it is used (data/tokenizer_files.py).
 
 Writing (`hf_tokenizer_files`), beside an exported model:
     tiktoken gpt2       vocab.json + merges.txt (rebuilt from tiktoken's ranks: identical to GPT-2's own
@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import UserError
+from common.json_file import read_bounded
 from data.tokenizer import CharTokenizer, HFTokenizer, TiktokenTokenizer, byte_level_alphabet
-from data.tokenizer_files import (merges_of, read_generation_config, read_merges_txt, read_tokenizer_config,
-                                  read_tokenizer_json, read_vocab_json)
+from data.tokenizer_files import (TOKENIZER_FILE_BYTES, merges_of, read_generation_config, read_merges_txt,
+                                  read_tokenizer_config, read_tokenizer_json, read_vocab_json)
 
 GPT2_ENCODINGS = ("gpt2", "r50k_base")  # the same ranks and pre-tokenizer
 EOT_TEXT = "<|endoftext|>"
@@ -134,8 +135,7 @@ def tokenizer_for_hf_folder(folder: Path, hf_config: dict[str, Any], kind: str, 
     if not path.is_file():
         raise UserError(f"no tokenizer.json in '{folder}'{not_gpt2}: attngpt reads this model's tokenizer from "
                         f"tokenizer.json (save it with transformers' tokenizer.save_pretrained)")
-    data, _ = read_tokenizer_json(path)
-    tok = HFTokenizer(data, name=name, path=path)
+    tok = HFTokenizer(read_bounded(path, TOKENIZER_FILE_BYTES, "tokenizer.json"), name=name, path=path)  # checks it
     eos, bos = special_ids(folder, hf_config, tok)
     return HFTokenizer(tok.data, eot=eos, bos=bos, name=name, path=path)
 
