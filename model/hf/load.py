@@ -85,11 +85,12 @@ def check_hf_weights(folder: Path, hf_config: dict[str, Any], config: ModelConfi
             f"shape {', '.join(wrong[:2])}" if wrong else ""]))
         raise UserError(f"'{folder / CONFIG}' contradicts the weights beside it ({details}): the folder is "
                         f"damaged or mixes two models")
-    not_float = [f"{n} ({infos[n][1].dtype})" for n in expected if infos[n][1].dtype not in FLOAT_DTYPES]
+    read = [*expected, *(["lm_head.weight"] if spare_head else [])]
+    not_float = [f"{n} ({infos[n][1].dtype})" for n in read if infos[n][1].dtype not in FLOAT_DTYPES]
     if not_float:
         raise UserError(f"the weights beside '{folder / CONFIG}' store {', '.join(not_float[:3])}"
                         f"{' ...' if len(not_float) > 3 else ''}, not floating-point weights: the folder is damaged")
-    wanted = {stored[n][0]: n for n in [*expected, *(["lm_head.weight"] if spare_head else [])]}
+    wanted = {stored[n][0]: n for n in read}
     return WeightPlan(kind=kind, files=files, wanted=wanted, spare_head=spare_head)
 
 
