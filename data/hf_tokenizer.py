@@ -1,10 +1,11 @@
 """Tokenizers across the Hugging Face boundary.
 
-Reading (`tokenizer_for_hf_folder`): a GPT-2 checkpoint whose vocabulary is GPT-2's (checked entry by entry
-against tiktoken's, whichever of tokenizer.json / vocab.json it ships) uses attngpt's tiktoken "gpt2"
-encoding: the same ids and the fast encoder. Any other checkpoint uses its own tokenizer.json through the
-`tokenizers` library (HFTokenizer), with its end-of-sequence and beginning-of-sequence ids taken from
-tokenizer_config.json, else config.json / generation_config.json.
+Reading (`tokenizer_for_hf_folder`): a GPT-2 checkpoint whose vocabulary and merges are GPT-2's (checked entry
+by entry against tiktoken's, whichever of tokenizer.json / vocab.json + merges.txt it ships) uses attngpt's
+tiktoken "gpt2" encoding: the same ids and the fast encoder. Any other checkpoint uses its own tokenizer.json
+through the `tokenizers` library (HFTokenizer), with its end-of-sequence and beginning-of-sequence ids taken
+from tokenizer_config.json, else config.json / generation_config.json. Every file is bounded in size and
+checked for its structure before it is used (data/tokenizer_files.py).
 
 Writing (`hf_tokenizer_files`), beside an exported model:
     tiktoken gpt2       vocab.json + merges.txt (rebuilt from tiktoken's ranks: identical to GPT-2's own
@@ -16,12 +17,14 @@ Writing (`hf_tokenizer_files`), beside an exported model:
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
 from typing import Any
 
 from common.errors import UserError
+from common.json_file import read_bounded
 from data.tokenizer import CharTokenizer, HFTokenizer, TiktokenTokenizer, byte_level_alphabet
+from data.tokenizer_files import (TOKENIZER_FILE_BYTES, merges_of, read_generation_config, read_merges_txt,
+                                  read_tokenizer_config, read_tokenizer_json, read_vocab_json)
 
 GPT2_ENCODINGS = ("gpt2", "r50k_base")  # the same ranks and pre-tokenizer
 EOT_TEXT = "<|endoftext|>"
@@ -72,26 +75,18 @@ def _bpe(token: str, ranks: dict[str, int], below: int) -> list[str]:
 
 # --- reading --------------------------------------------------------------------------------------------------
 
-def _json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"'{path}' cannot be read as JSON ({type(e).__name__}: {e})") from None
-
-
-def _folder_vocab(folder: Path) -> dict[str, int] | None:
-    """The folder's token -> id map (tokenizer.json's model vocab + added tokens, or vocab.json), if any."""
+def _folder_bpe(folder: Path) -> tuple[dict[str, int], tuple[str, ...] | None] | None:
+    """The folder's (token -> id map, merges) if it ships a tokenizer: tokenizer.json's model vocab + added
+    tokens and its merges, else vocab.json and merges.txt (None where absent); None without either file."""
     if (folder / "tokenizer.json").is_file():
-        spec = _json(folder / "tokenizer.json")
-        model = spec.get("model") if isinstance(spec, dict) else None
-        vocab = dict(model["vocab"]) if isinstance(model, dict) and isinstance(model.get("vocab"), dict) else {}
+        _, spec = read_tokenizer_json(folder / "tokenizer.json")
+        vocab = dict(spec["model"]["vocab"]) if isinstance(spec["model"]["vocab"], dict) else {}
         for added in spec.get("added_tokens") or []:
-            if isinstance(added, dict) and "content" in added and "id" in added:
-                vocab[added["content"]] = added["id"]
-        return vocab
+            vocab[added["content"]] = added["id"]
+        return vocab, merges_of(spec)
     if (folder / "vocab.json").is_file():
-        vocab = _json(folder / "vocab.json")
-        return vocab if isinstance(vocab, dict) else {}
+        merges = read_merges_txt(folder / "merges.txt") if (folder / "merges.txt").is_file() else None
+        return read_vocab_json(folder / "vocab.json"), merges
     return None
 
 
@@ -110,11 +105,11 @@ def special_ids(folder: Path, hf_config: dict[str, Any], tok: HFTokenizer) -> tu
     """(eos, bos) ids of the checkpoint in `folder`."""
     eos = bos = None
     if (folder / "tokenizer_config.json").is_file():
-        tcfg = _json(folder / "tokenizer_config.json")
-        if isinstance(tcfg, dict):
-            eos, bos = _token_id(tcfg.get("eos_token"), tok), _token_id(tcfg.get("bos_token"), tok)
-    gen = _json(folder / "generation_config.json") if (folder / "generation_config.json").is_file() else {}
-    for source in (hf_config, gen if isinstance(gen, dict) else {}):
+        tcfg = read_tokenizer_config(folder / "tokenizer_config.json")
+        eos, bos = _token_id(tcfg.get("eos_token"), tok), _token_id(tcfg.get("bos_token"), tok)
+    gen = read_generation_config(folder / "generation_config.json") \
+        if (folder / "generation_config.json").is_file() else {}
+    for source in (hf_config, gen):
         eos = eos if eos is not None else _config_id(source.get("eos_token_id"))
         bos = bos if bos is not None else _config_id(source.get("bos_token_id"))
     valid = range(tok.vocab_size)
@@ -124,20 +119,23 @@ def special_ids(folder: Path, hf_config: dict[str, Any], tok: HFTokenizer) -> tu
 def tokenizer_for_hf_folder(folder: Path, hf_config: dict[str, Any], kind: str, name: str):
     """The attngpt tokenizer of the Hugging Face checkpoint in `folder` (module doc). kind: 'gpt2' | 'llama' |
     'mistral' (the architecture); name: how to call it (the hub id or folder)."""
+    not_gpt2 = ""
     if kind == "gpt2":
-        vocab = _folder_vocab(folder)
-        if vocab is None:
-            if int(hf_config.get("vocab_size", 0)) >= len(gpt2_vocab()):
+        bpe = _folder_bpe(folder)
+        if bpe is None:
+            if hf_config.get("vocab_size", 0) >= len(gpt2_vocab()):
                 return TiktokenTokenizer("gpt2")  # no tokenizer files: GPT-2's own, as the architecture implies
             raise UserError(f"'{folder}' has no tokenizer files (tokenizer.json or vocab.json) and a vocabulary "
                             f"of {hf_config.get('vocab_size')} tokens, not GPT-2's: add its tokenizer.json")
-        if vocab == gpt2_vocab():
+        vocab, merges = bpe
+        if vocab == gpt2_vocab() and merges in (None, gpt2_merges()):
             return TiktokenTokenizer("gpt2")
+        not_gpt2 = " (its vocab.json / merges.txt are not GPT-2's, the only ones attngpt reads without it)"
     path = folder / "tokenizer.json"
     if not path.is_file():
-        raise UserError(f"no tokenizer.json in '{folder}': attngpt reads this model's tokenizer from tokenizer.json "
-                        f"(save it with transformers' tokenizer.save_pretrained)")
-    tok = HFTokenizer(path.read_bytes(), name=name, path=path)
+        raise UserError(f"no tokenizer.json in '{folder}'{not_gpt2}: attngpt reads this model's tokenizer from "
+                        f"tokenizer.json (save it with transformers' tokenizer.save_pretrained)")
+    tok = HFTokenizer(read_bounded(path, TOKENIZER_FILE_BYTES, "tokenizer.json"), name=name, path=path)  # checks it
     eos, bos = special_ids(folder, hf_config, tok)
     return HFTokenizer(tok.data, eot=eos, bos=bos, name=name, path=path)
 

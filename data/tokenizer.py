@@ -33,6 +33,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from common.errors import UserError
+from common.json_file import FileContentError, read_bounded
+from data.tokenizer_files import TOKENIZER_FILE_BYTES, check_tokenizer_json
 
 REPLACEMENT_CHAR = "\ufffd"
 
@@ -255,9 +257,9 @@ def _hf_from_json(spec: dict[str, Any], remedy: str, base_dir: str | Path | None
         raise UserError(f"hf tokenizer description has no 'file' and 'sha256'; {remedy}")
     path = Path(base_dir) / file if base_dir is not None else Path(file)
     try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise UserError(f"cannot read the tokenizer file '{path}' ({e.strerror or e}); {remedy}") from None
+        data = read_bounded(path, TOKENIZER_FILE_BYTES, "tokenizer.json")
+    except FileContentError as e:
+        raise UserError(f"cannot read the tokenizer file '{path}' (it {e.problem}); {remedy}") from None
     if hashlib.sha256(data).hexdigest() != digest:
         raise UserError(f"the tokenizer file '{path}' is not the one its description records (sha256 differs); "
                         f"{remedy}")
@@ -301,11 +303,11 @@ class HFTokenizer:
         except ImportError:
             raise UserError(f"this model's tokenizer is a Hugging Face tokenizer.json, which needs the tokenizers "
                             f"package: {HF_EXTRA}") from None
+        payload = check_tokenizer_json(data, path)  # JSON of the structure read below, before the library sees it
+        decoder = payload.get("decoder") or {}
         try:
-            text = data.decode("utf-8")
-            self._tk = tokenizers.Tokenizer.from_str(text)
-            decoder = json.loads(text).get("decoder") or {}
-        except Exception as e:  # bad UTF-8, bad JSON, unknown components
+            self._tk = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
+        except Exception as e:  # unknown components, fields the library wants and the check leaves to it
             raise UserError(f"tokenizer.json{f' at {path}' if path else ''} cannot be read by the tokenizers "
                             f"library ({type(e).__name__}: {' '.join(str(e).split())[:120]})") from None
         self._tk.encode_special_tokens = True  # "<s>" in a text is text, as tiktoken's encode_ordinary

@@ -2,6 +2,11 @@
 e.g. the tokenizer). Everything sampling needs, and nothing that runs code when read: safetensors and
 JSON are data formats, unlike pickle.
 
+A folder is read as untrusted input: config.json is bounded in size before it is read (MAX_CONFIG_BYTES),
+parsed as strict JSON and validated (ModelConfig checks every field's type and range), and the model's size
+is checked against memory before anything is built; the weights' header is checked (names, shapes, float
+dtypes, the layer count) before a tensor is read.
+
 Writing is not atomic here: callers write into a fresh folder and rename it (training/checkpoint.py).
 Reading never writes: `find_checkpoint`, `load_checkpoint` and `load_model` rename, delete and create
 nothing, so they are safe while a run is saving into the same folder; `load_checkpoint` reads again when a
@@ -11,18 +16,24 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from common.errors import UserError
+from common.json_file import FileContentError, MissingFileError, read_json
 from model.config import ModelConfig
 from model.gpt import GPT
 from model.memory import check_fits_in_memory
+from model.safetensors_file import FLOAT_DTYPES, TensorInfo, layer_count, not_float, read_header
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
+MAX_CONFIG_BYTES = 4_000_000  # a checkpoint's config.json is a few kB (a large char vocabulary some hundred kB)
+LAYER_NAME = re.compile(r"blocks\.(\d+)\.")  # the tensors of block i are named blocks.i.*
 BEST = "best"  # a run's lowest-val-loss checkpoint: what sampling reads first
 LATEST = "latest"  # a run's newest checkpoint: what a resume continues
 
@@ -117,54 +128,94 @@ def _identity(folder: Path) -> tuple[int, int, int | None] | None:
 
 
 def read_config(directory: str | Path) -> dict[str, Any]:
+    """The checkpoint's config.json payload, checked (module doc): a `model` section that makes a valid
+    ModelConfig of a model that fits in this machine's memory. Anything else raises CheckpointError."""
     path = Path(directory) / CONFIG_FILE
     if not path.is_file():
         raise CheckpointError(f"no {CONFIG_FILE} in '{directory}': not a checkpoint folder")
     try:
-        payload = json.loads(path.read_text(encoding="utf-8"))
-        ModelConfig.from_dict(payload["model"])
-    except FileNotFoundError:  # removed since the check above (a run swapping its checkpoints)
+        payload = read_json(path, MAX_CONFIG_BYTES, CONFIG_FILE)
+    except MissingFileError:  # removed since the check above (a run swapping its checkpoints)
         raise CheckpointError(f"no {CONFIG_FILE} in '{directory}': not a checkpoint folder") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as e:
+    except FileContentError as e:
+        raise CheckpointError(f"'{path}' is corrupted or not an attngpt config: it {e.problem}") from None
+    try:
+        if not isinstance(payload, dict):
+            raise TypeError(f"it holds {type(payload).__name__}, not an object")
+        config = ModelConfig.from_dict(payload["model"])
+    except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"'{path}' is corrupted or not an attngpt config ({type(e).__name__}: {e})") from None
-    except OSError as e:
-        raise CheckpointError(f"cannot read '{path}' ({e.strerror or e})") from None
+    try:  # host memory: every loader builds the model there first
+        check_fits_in_memory(config, "cpu", source=f"'{path}'")
+    except UserError as e:
+        raise CheckpointError(str(e)) from None
     return payload
 
 
 def load_model(directory: str | Path, device: torch.device | str = "cpu") -> tuple[GPT, dict[str, Any]]:
     """Rebuild the GPT saved in `directory`. Returns (model in eval mode, the config.json payload).
-    Missing, truncated or corrupted files and weights of another shape raise CheckpointError."""
+    Missing, truncated or corrupted files and weights of another shape raise CheckpointError, before the model
+    is built: the weights' header is checked against the model's shapes (from one built on the meta device,
+    once the layer count agrees: a config of 10**5 layers beside 2 stored ones would build for minutes)."""
     directory = Path(directory)
     payload = read_config(directory)
     config = ModelConfig.from_dict(payload["model"])
     check_fits_in_memory(config, device, source=f"'{directory / CONFIG_FILE}'")
+    weights = _weights_path(directory / WEIGHTS_FILE)
+    header = read_header(weights, CheckpointError)
+    stored = layer_count(header, LAYER_NAME)
+    if stored != config.n_layer:
+        raise CheckpointError(f"weights in '{weights}' do not match the model in its config.json: n_layer "
+                              f"{config.n_layer} in the config, {stored} layers in the weights")
+    with torch.device("meta"):
+        _check_header(header, GPT(config), weights)
     model = GPT(config)
-    load_weights(model, directory / WEIGHTS_FILE)
+    _read_weights(model, weights, header)
     return model.to(device).eval(), payload
 
 
-def load_weights(model: GPT, path: str | Path) -> None:
-    """Load safetensors weights into `model`, checking every name and shape first."""
-    path = Path(path)
+def _weights_path(path: Path) -> Path:
     if not path.is_file():
         raise CheckpointError(f"no weights file '{path}'")
+    return path
+
+
+def load_weights(model: GPT, path: str | Path) -> None:
+    """Load safetensors weights into `model`, checking every name, shape and dtype from the header first."""
+    path = _weights_path(Path(path))
+    header = read_header(path, CheckpointError)
+    _check_header(header, model, path)
+    _read_weights(model, path, header)
+
+
+def _check_header(header: dict[str, TensorInfo], model: GPT, path: Path) -> None:
+    """The weights file holds exactly `model`'s tensors, of its shapes, as floating-point numbers."""
+    expected = {name: tuple(t.shape) for name, t in _weights_to_save(model).items()}
+    missing = sorted(set(expected) - set(header))
+    unexpected = sorted(set(header) - set(expected))
+    wrong_shape = [f"{n} {header[n].shape} vs model {expected[n]}"
+                   for n in expected if n in header and header[n].shape != expected[n]]
+    wrong_dtype = not_float(header)
+    if missing or unexpected or wrong_shape or wrong_dtype:
+        details = "; ".join(filter(None, [
+            f"missing {', '.join(missing[:3])}" if missing else "",
+            f"unexpected {', '.join(unexpected[:3])}" if unexpected else "",
+            f"shape {', '.join(wrong_shape[:3])}" if wrong_shape else "",
+            f"not floating-point weights: {', '.join(wrong_dtype[:3])}" if wrong_dtype else ""]))
+        raise CheckpointError(f"weights in '{path}' do not match the model in its config.json: {details}")
+
+
+def _read_weights(model: GPT, path: Path, header: dict[str, TensorInfo]) -> None:
+    """The tensors of a file whose `header` was checked into `model`, each finite."""
     try:
         state = load_file(str(path))
     except Exception as e:  # safetensors raises several types for a bad header or a short file
         raise CheckpointError(f"weights file '{path}' is corrupted or truncated ({type(e).__name__}: {e})") from None
-    expected = {name: t.shape for name, t in _weights_to_save(model).items()}
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    wrong_shape = [f"{n} {tuple(state[n].shape)} vs model {tuple(expected[n])}"
-                   for n in expected if n in state and state[n].shape != expected[n]]
-    if missing or unexpected or wrong_shape:
-        details = "; ".join(filter(None, [
-            f"missing {', '.join(missing[:3])}" if missing else "",
-            f"unexpected {', '.join(unexpected[:3])}" if unexpected else "",
-            f"shape {', '.join(wrong_shape[:3])}" if wrong_shape else ""]))
-        raise CheckpointError(f"weights in '{path}' do not match the model in its config.json: {details}")
-    bad = [name for name, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if {n: (str(t.dtype), tuple(t.shape)) for n, t in state.items()} != \
+            {n: (str(FLOAT_DTYPES[i.dtype]), i.shape) for n, i in header.items()}:
+        # a save replaced the file between the two reads: load_checkpoint looks again
+        raise CheckpointError(f"weights file '{path}' changed while it was read")
+    bad = [name for name, t in state.items() if not torch.isfinite(t).all()]
     if bad:
         raise CheckpointError(f"weights in '{path}' hold NaN or inf values (e.g. {bad[0]})")
     model.load_state_dict(state, strict=False)  # strict=False only for the tied lm_head, checked above

@@ -1,6 +1,7 @@
 """ModelConfig: every shape and architectural choice of a GPT, validated when it is built."""
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
@@ -8,6 +9,14 @@ MLP_KINDS = ("gelu", "swiglu")
 NORM_KINDS = ("layernorm", "rmsnorm")
 POS_KINDS = ("rope", "learned")
 ATTN_IMPLS = ("manual", "sdpa")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass
@@ -30,30 +39,36 @@ class ModelConfig:
     attn_impl: Literal["manual", "sdpa"] = "manual"  # from-scratch softmax(QK^T/sqrt(d))V, or fused F.scaled_dot_product_attention
 
     def __post_init__(self) -> None:
+        """Every field of its type and in range (a config may come from a file someone else wrote: a bool is not
+        an integer, 16.0 is not an integer, inf is not a number here); sizes are bounded by memory, not here
+        (model/memory.py)."""
         if self.n_kv_head is None:
             self.n_kv_head = self.n_head
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "d_model"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not _is_int(value) or value < 1:
                 raise ValueError(f"{name}={value!r}: must be a positive integer")
-        if self.mlp_hidden is not None and (not isinstance(self.mlp_hidden, int) or self.mlp_hidden < 1):
+        if self.mlp_hidden is not None and (not _is_int(self.mlp_hidden) or self.mlp_hidden < 1):
             raise ValueError(f"mlp_hidden={self.mlp_hidden!r}: must be a positive integer or null")
+        for name in ("bias", "tie_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be true or false")
+        for name, choices in (("mlp", MLP_KINDS), ("norm", NORM_KINDS), ("pos", POS_KINDS), ("attn_impl", ATTN_IMPLS)):
+            if not isinstance(getattr(self, name), str) or getattr(self, name) not in choices:
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be one of {', '.join(choices)}")
         if self.d_model % self.n_head != 0:
             raise ValueError(f"d_model={self.d_model}: must be divisible by n_head={self.n_head} "
                              f"(head_dim = d_model // n_head)")
         if self.n_head % self.n_kv_head != 0:
             raise ValueError(f"n_kv_head={self.n_kv_head}: n_head={self.n_head} must be divisible by it, "
                              f"so each key/value head serves the same number of query heads")
-        for name, choices in (("mlp", MLP_KINDS), ("norm", NORM_KINDS), ("pos", POS_KINDS), ("attn_impl", ATTN_IMPLS)):
-            if getattr(self, name) not in choices:
-                raise ValueError(f"{name}={getattr(self, name)!r}: must be one of {', '.join(choices)}")
         if self.pos == "rope" and self.head_dim % 2 != 0:
             raise ValueError(f"pos='rope' needs an even head_dim, got d_model/n_head = {self.head_dim}")
-        if not self.rope_theta > 0:
-            raise ValueError(f"rope_theta={self.rope_theta!r}: must be > 0")
-        if self.norm_eps is not None and not (isinstance(self.norm_eps, (int, float)) and 0 < self.norm_eps < 1):
+        if not (_is_number(self.rope_theta) and self.rope_theta > 0):
+            raise ValueError(f"rope_theta={self.rope_theta!r}: must be a finite number > 0")
+        if self.norm_eps is not None and not (_is_number(self.norm_eps) and 0 < self.norm_eps < 1):
             raise ValueError(f"norm_eps={self.norm_eps!r}: must be in (0, 1), or null for the norm's default")
-        if not 0.0 <= self.dropout < 1.0:
+        if not (_is_number(self.dropout) and 0.0 <= self.dropout < 1.0):
             raise ValueError(f"dropout={self.dropout!r}: must be in [0, 1)")
 
     @property
@@ -88,6 +103,8 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
         known = {f.name for f in fields(cls)}
+        if not isinstance(d, dict):
+            raise TypeError(f"a model config must be a mapping of its settings, not {type(d).__name__}")
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"unknown model config keys: {', '.join(unknown)}")

@@ -9,7 +9,6 @@ SRC, tried in this order:
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,16 +17,17 @@ from typing import Any
 import torch
 
 from common.errors import UserError
+from common.json_file import read_json
 from data.hf_tokenizer import tokenizer_for_hf_folder
 from data.tokenizer import tokenizer_from_json
-from model.checkpoint import (CONFIG_FILE, WEIGHTS_FILE, CheckpointError, find_checkpoint, load_checkpoint,
-                              load_weights, read_config)
+from model.checkpoint import (CONFIG_FILE, MAX_CONFIG_BYTES, WEIGHTS_FILE, CheckpointError, find_checkpoint,
+                              load_checkpoint, load_weights, read_config)
 from model.config import ModelConfig
 from model.gpt import GPT
 from model.memory import check_fits_in_memory
-from model.hf.config_map import hf_model_type, model_config_from_hf
-from model.hf.load import build_model, check_hf_weights, load_state, read_hf_state
-from model.hf.source import download, is_hf_config, looks_like_hub_id, read_hf_config
+from model.hf.config_map import hf_model_type
+from model.hf.load import build_model, check_hf_weights, load_state, read_hf_model_config, read_hf_state
+from model.hf.source import download, is_hf_config, looks_like_hub_id
 
 DUMP_DIR = Path("attn_dump")
 
@@ -84,9 +84,9 @@ def classify(path: Path) -> str | None:
     """'attngpt' or 'hf' for a local folder holding a model, None when it holds neither."""
     config = path / CONFIG_FILE
     if config.is_file():
-        try:
-            payload = json.loads(config.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError):
+        try:  # bounded: a 1 TB config.json is refused from its size, by read_config below
+            payload = read_json(config, MAX_CONFIG_BYTES, CONFIG_FILE)
+        except UserError:
             return "attngpt"  # read_config then says what is wrong with it
         return "hf" if is_hf_config(payload) else "attngpt"
     return None
@@ -133,9 +133,8 @@ def _open_attngpt(folder: Path, remedy: str, path: Path | None = None) -> Pretra
 
 
 def _open_hf(folder: Path, src: str, remedy: str) -> Pretrained:
-    hf_config = read_hf_config(folder)
+    hf_config, config = read_hf_model_config(folder)  # validated, and a model that fits in memory
     where = str(folder / CONFIG_FILE)
-    config = model_config_from_hf(hf_config, where)
     check_hf_weights(folder, hf_config, config)  # headers only: a folder without (fitting) weights fails here
     tokenizer = tokenizer_for_hf_folder(folder, hf_config, hf_model_type(hf_config, where), name=src)
     _check_vocab(config, tokenizer, folder, remedy)

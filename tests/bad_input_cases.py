@@ -49,7 +49,7 @@ class Case:
     args: tuple[str, ...]
     expect: tuple[str, ...]  # fragments of the one line: the problem and the fix
     env: dict[str, str] = field(default_factory=dict)
-    files: dict[str, str | bytes] = field(default_factory=dict)  # written into {tmp} first
+    files: dict[str, str | bytes | int] = field(default_factory=dict)  # written into {tmp} first; int: a sparse file of that size
     damage: str | None = None  # a key of DAMAGE, applied to {run}/latest
     outcome: str = "error"  # error: one line, exit 2 | warning: a warning line, exit 0
     needs_no_gpu: bool = False  # the input is only bad on a machine without CUDA

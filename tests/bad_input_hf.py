@@ -9,12 +9,14 @@ import struct
 from typing import Any
 
 
-def _safetensors(shapes: dict[str, list[int]]) -> bytes:
-    """A safetensors file of float32 zeros, written by hand (the table needs no torch)."""
+def _safetensors(shapes: dict[str, list[int]], dtypes: dict[str, str] | None = None) -> bytes:
+    """A safetensors file of zeros, float32 unless `dtypes` names another (I32: 4 bytes too), written by hand
+    (the table needs no torch)."""
     header, offset = {}, 0
     for name, shape in shapes.items():
         size = 4 * math.prod(shape)
-        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
+        header[name] = {"dtype": (dtypes or {}).get(name, "F32"), "shape": shape,
+                        "data_offsets": [offset, offset + size]}
         offset += size
     blob = json.dumps(header).encode()
     blob += b" " * (-len(blob) % 8)
@@ -23,13 +25,14 @@ def _safetensors(shapes: dict[str, list[int]]) -> bytes:
 
 _GPT2 = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": 16, "n_positions": 8,
          "n_embd": 8, "n_layer": 1, "n_head": 2}
-_GPT2_WEIGHTS = _safetensors({
+_GPT2_SHAPES = {
     "wte.weight": [16, 8], "wpe.weight": [8, 8], "ln_f.weight": [8], "ln_f.bias": [8],
     **{f"h.0.{n}": s for n, s in [("ln_1.weight", [8]), ("ln_1.bias", [8]), ("attn.c_attn.weight", [8, 24]),
                                    ("attn.c_attn.bias", [24]), ("attn.c_proj.weight", [8, 8]),
                                    ("attn.c_proj.bias", [8]),
                                    ("ln_2.weight", [8]), ("ln_2.bias", [8]), ("mlp.c_fc.weight", [8, 32]),
-                                   ("mlp.c_fc.bias", [32]), ("mlp.c_proj.weight", [32, 8]), ("mlp.c_proj.bias", [8])]}})
+                                   ("mlp.c_fc.bias", [32]), ("mlp.c_proj.weight", [32, 8]), ("mlp.c_proj.bias", [8])]}}
+_GPT2_WEIGHTS = _safetensors(_GPT2_SHAPES)
 _LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 16, "hidden_size": 8,
           "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2,
           "max_position_embeddings": 8, "tie_word_embeddings": False}
@@ -39,6 +42,9 @@ _LLAMA_WEIGHTS = _safetensors({
                                                       "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
                                                       "mlp.down_proj")},
     "model.layers.0.input_layernorm.weight": [8], "model.layers.0.post_attention_layernorm.weight": [8]})
+_WORD_LEVEL = json.dumps({"model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"}})  # a valid tokenizer.json
+TERABYTE = 2**40  # a file of this many bytes is written sparse (truncate -s 1T): nothing is stored
+_GPT2_NOT_GPT2_VOCAB = json.dumps({f"t{i}": i for i in range(16)})  # vocab.json of 16 tokens, not GPT-2's
 NO_HUB = {"HF_HUB_OFFLINE": "1", "HF_HOME": "{tmp}/hf_home"}
 FAKE_TOKENIZERS = 'raise ImportError("No module named \'tokenizers\' (simulated by tests/bad_input_hf.py)")\n'
 
@@ -101,10 +107,54 @@ def hf_cases(Case: Any, TRAIN: tuple[str, ...]) -> list[Any]:  # noqa: N803
              ("no checkpoint at", "pass train.init_from a run's out_dir, a checkpoint folder, a Hugging Face model folder")),
         Case("sample-hub-offline", "sample.py", "environment", "--ckpt a hub id that is not cached, offline",
              ("--ckpt", "nonexistent-org/no-such-model"), ("could not fetch", "pass a local folder"), env=NO_HUB),
+        # --- a Hugging Face folder is untrusted input: config.json, weights headers, tokenizer files ---------------
+        Case("convert-hf-config-wrong-type", "convert.py", "checkpoint",
+             "config.json: architectures a string, not a list", ("from-hf", "{tmp}/gpt2", "{out}"),
+             ("config.json: architectures is 'GPT2LMHeadModel' (a string), expected a list", "the file is damaged"),
+             files={"gpt2/config.json": json.dumps({**_GPT2, "architectures": "GPT2LMHeadModel"}),
+                    "gpt2/model.safetensors": _GPT2_WEIGHTS}),
+        Case("sample-hf-config-float-size", "sample.py", "checkpoint", "config.json: vocab_size 16.5",
+             ("--ckpt", "{tmp}/gpt2"), ("config.json: vocab_size is 16.5 (a number), expected a positive integer",),
+             files={"gpt2/config.json": json.dumps({**_GPT2, "vocab_size": 16.5}),
+                    "gpt2/model.safetensors": _GPT2_WEIGHTS}),
+        Case("sample-hf-config-number-overflows", "sample.py", "checkpoint", "config.json: n_embd 1e400",
+             ("--ckpt", "{tmp}/gpt2"), ("config.json' is corrupted", "the number 1e400 is too large for a float"),
+             files={"gpt2/config.json": json.dumps(_GPT2).replace('"n_embd": 8', '"n_embd": 1e400'),
+                    "gpt2/model.safetensors": _GPT2_WEIGHTS}),
+        Case("convert-hf-deep-model", "convert.py", "checkpoint",
+             "config.json: n_layer 10**7 (once: minutes at 7 GB building it on the meta device)",
+             ("from-hf", "{tmp}/gpt2", "{out}"), ("config.json' has", "n_layer=10000000", "Is the config damaged?"),
+             files={"gpt2/config.json": json.dumps({**_GPT2, "n_layer": 10**7}), "gpt2/model.safetensors": _GPT2_WEIGHTS}),
+        Case("sample-hf-storage-overflow", "sample.py", "checkpoint",
+             "config.json: vocab_size 2**62 x n_embd 1024 (a tensor whose storage size overflows, even on the meta device)",
+             ("--ckpt", "{tmp}/gpt2"), ("config.json' has", "vocab_size=4611686018427387904", "Is the config damaged?"),
+             files={"gpt2/config.json": json.dumps({**_GPT2, "vocab_size": 2**62, "n_embd": 1024}),
+                    "gpt2/model.safetensors": _GPT2_WEIGHTS}),
+        Case("sample-hf-int-weights", "sample.py", "checkpoint", "model.safetensors: the token embedding stored as int32",
+             ("--ckpt", "{tmp}/gpt2"), ("store transformer.wte.weight (I32), not floating-point weights",),
+             files={"gpt2/config.json": json.dumps(_GPT2),
+                    "gpt2/model.safetensors": _safetensors(_GPT2_SHAPES, {"wte.weight": "I32"})}),
+        Case("sample-hf-tokenizer-list", "sample.py", "checkpoint", "tokenizer.json holds a JSON list",
+             ("--ckpt", "{tmp}/llama"), ("tokenizer.json", "the document is [] (a list), expected an object"),
+             files={"llama/config.json": json.dumps(_LLAMA), "llama/model.safetensors": _LLAMA_WEIGHTS,
+                    "llama/tokenizer.json": "[]"}),
+        Case("convert-hf-vocab-json-list", "convert.py", "checkpoint", "vocab.json holds a JSON list (no tokenizer.json)",
+             ("from-hf", "{tmp}/gpt2", "{out}"), ("vocab.json", "the document is [1] (a list), expected an object"),
+             files={"gpt2/config.json": json.dumps(_GPT2), "gpt2/model.safetensors": _GPT2_WEIGHTS,
+                    "gpt2/vocab.json": "[1]"}),
+        Case("convert-hf-merges-txt-damaged", "convert.py", "checkpoint", "merges.txt with a line of three tokens",
+             ("from-hf", "{tmp}/gpt2", "{out}"), ("merges.txt", "line 3 is 'a b c', expected two tokens joined by one space"),
+             files={"gpt2/config.json": json.dumps(_GPT2), "gpt2/model.safetensors": _GPT2_WEIGHTS,
+                    "gpt2/vocab.json": _GPT2_NOT_GPT2_VOCAB, "gpt2/merges.txt": "#version: 0.2\nt1 t2\na b c\n"}),
+        Case("train-init-from-hf-terabyte-tokenizer", "train.py", "checkpoint",
+             "train.init_from a folder whose tokenizer.json is 1 TB (sparse)", (*TRAIN, "train.init_from={tmp}/llama"),
+             ("tokenizer.json", "is 1.1 TB, more than the 64.0 MB such a file can be"),
+             files={"llama/config.json": json.dumps(_LLAMA), "llama/model.safetensors": _LLAMA_WEIGHTS,
+                    "llama/tokenizer.json": TERABYTE}),
         Case("sample-hf-without-tokenizers", "sample.py", "environment",
              "a Llama-family folder but `import tokenizers` fails (the hf extra is not installed)",
              ("--ckpt", "{tmp}/llama"), ("needs the tokenizers package", "pip install -e '.[hf]'"),
              env={"PYTHONPATH": "{tmp}/shadow"},
              files={"llama/config.json": json.dumps(_LLAMA), "llama/model.safetensors": _LLAMA_WEIGHTS,
-                    "llama/tokenizer.json": "{}", "shadow/tokenizers/__init__.py": FAKE_TOKENIZERS}),
+                    "llama/tokenizer.json": _WORD_LEVEL, "shadow/tokenizers/__init__.py": FAKE_TOKENIZERS}),
     ]

@@ -5,6 +5,7 @@ large to be real, and files a run cannot write. Each case runs through the real 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -52,6 +53,10 @@ def _in_run_dir(name: str, content: str = "a regular file\n") -> Callable[[Path,
     return damage
 
 
+def _terabyte_config(latest: Path, marker: Path) -> None:
+    os.truncate(latest / "config.json", 2**40)  # sparse: a terabyte that takes no disk
+
+
 def _torch_rng_cut(state: dict) -> None:
     state["rng"]["torch"] = state["rng"]["torch"][:100]
 
@@ -67,6 +72,7 @@ MORE_DAMAGE: dict[str, tuple[str, Callable[[Path, Path], None]]] = {
     "config_huge_vocab": ("config.json: vocab_size 10**12", _edit_config(_set_model("vocab_size", 10**12))),
     "config_huge_block": ("config.json: block_size 10**12", _edit_config(_set_model("block_size", 10**12))),
     "config_deep": ("config.json: n_layer 10**7", _edit_config(_set_model("n_layer", 10**7))),
+    "config_terabyte": ("config.json grown to 1 TB (a sparse file)", _terabyte_config),
     "tokenizer_too_big": ("config.json: a tokenizer of 75 characters for a model of vocab_size 65",
                           _edit_config(lambda p: p["tokenizer"].__setitem__("chars", p["tokenizer"]["chars"] + "αβγδεζηθικ"))),
     "attn_is_file": ("out_dir/attn is a regular file", _in_run_dir("attn")),
@@ -159,6 +165,13 @@ def more_cases(Case: Any, TRAIN: tuple[str, ...], RESUME: tuple[str, ...]) -> li
           for key, fragments in [("config_huge_vocab", ("parameters (vocab_size=1000000000000",)),
                                  ("config_huge_block", ("block_size=1000000000000",)),
                                  ("config_deep", ("n_layer=10000000",))]],
+        Case("sample-config-terabyte", "sample.py", "checkpoint", MORE_DAMAGE["config_terabyte"][0],
+             ("--ckpt", "{run}/latest"), ("latest/config.json' is corrupted or not an attngpt config",
+                                         "it is 1.1 TB, more than the 4.0 MB such a file can be",
+                                         "pass --ckpt an intact checkpoint"), damage="config_terabyte"),
+        Case("train-resume-config-terabyte", "train.py", "checkpoint", MORE_DAMAGE["config_terabyte"][0], RESUME,
+             ("cannot resume from", "latest/config.json' is corrupted or not an attngpt config",
+              "it is 1.1 TB, more than the 4.0 MB", "use another out_dir"), damage="config_terabyte"),
         Case("sample-tokenizer-too-big", "sample.py", "checkpoint", MORE_DAMAGE["tokenizer_too_big"][0],
              ("--ckpt", "{run}/latest"), ("has 75 tokens but the model only 65", "pass --ckpt an intact checkpoint"),
              damage="tokenizer_too_big"),

@@ -3,6 +3,7 @@ real command line -- one clear line, exit status 2, no traceback; planted pickle
 save leaves the previous checkpoint loadable."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sys
@@ -85,7 +86,11 @@ def test_bad_input(case: Case, tmp_path, data_dir, trained_run):
     for name, content in case.files.items():
         path = tmp_path / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content, encoding="utf-8")
+        if isinstance(content, int):  # a sparse file: its size, no data (truncate -s)
+            path.write_bytes(b"")
+            os.truncate(path, content)
+        else:
+            path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content, encoding="utf-8")
     (tmp_path / "a_file").write_text("a regular file, not a folder\n")
     values = {"tmp": str(tmp_path), "out": str(tmp_path / "out"), "run": str(tmp_path / "run"),
               "file": str(tmp_path / "a_file"), "data": str(data_dir), "deep": "[" * 1000 + "]" * 1000}

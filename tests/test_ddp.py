@@ -87,3 +87,24 @@ def test_train_tells_the_teardown_whether_the_run_finished(tmp_path, monkeypatch
     with pytest.raises(RuntimeError, match="simulated crash"):
         trainer.train(tiny_config(tmp_path / "crash", "train.max_iters=2", "attn.enabled=false"), should_stop=crash)
     assert told == [True, False]
+
+
+def test_mfu_under_ddp_is_per_device(tmp_path):
+    """tokens_per_s counts both processes' tokens; MFU is one device's FLOP/s over one device's peak, so it is
+    half of what the global token rate alone would give (a formula that divided every process's FLOPs by one
+    device's peak reports world_size times the true MFU)."""
+    from model import GPT, ModelConfig
+    from model.checkpoint import read_config
+    data_dir = shakespeare_data_dir(tmp_path / "data")
+    args = ["configs/tiny.yaml", f"out_dir={tmp_path / 'run'}", "train.max_iters=3", "train.log_interval=1",
+            "eval.interval=100", "attn.enabled=false", "train.peak_flops=3e9", "train.compile=false", "dtype=float32"]
+    proc = run_cli(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py", *args],
+                   env_extra={"ATTNGPT_DATA_DIR": str(data_dir), "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    model_cfg = ModelConfig.from_dict(read_config(tmp_path / "run" / "latest")["model"])  # the model it trained
+    flops_per_token = GPT(model_cfg).flops_per_token(model_cfg.block_size)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = [row for row in rows if "mfu" in row]
+    assert len(rows) == 3
+    for row in rows:
+        assert row["mfu"] == pytest.approx(row["tokens_per_s"] * flops_per_token / (2 * 3e9), rel=1e-9), row

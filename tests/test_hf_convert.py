@@ -198,7 +198,7 @@ def test_gpt2_merges_rebuilt_from_tiktoken_equal_gpt2s_own_file():
     ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling 'linear'"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
     ({"attention_bias": True}, "attention_bias=True with mlp_bias=False"),
-    ({"num_hidden_layers": 3}, "contradicts the weights beside it (missing model.layers.2"),
+    ({"num_hidden_layers": 3}, "contradicts the weights beside it (3 layers in the config, 2 in the weights)"),
     ({"intermediate_size": 64}, "shape model.layers.0.mlp.gate_proj.weight (48, 32) vs (64, 32)"),
 ])
 def test_a_config_attngpt_cannot_be_is_refused_naming_the_setting(folders, tmp_path, change, fragment):

@@ -81,6 +81,27 @@ def test_stored_as_a_sidecar_whose_hash_is_checked(llama_style, tmp_path):
 
 def test_a_broken_tokenizer_json_is_one_clear_error():
     with pytest.raises(UserError, match="cannot be read by the tokenizers library"):
-        HFTokenizer(b'{"model": {"type": "Nonsense"}}')
+        HFTokenizer(b'{"model": {"type": "Nonsense", "vocab": {}}}')
+    with pytest.raises(UserError, match=r"model.vocab is missing, expected an object .*the file is damaged"):
+        HFTokenizer(b'{"model": {"type": "BPE"}}')  # checked before the library sees it
     with pytest.raises(UserError, match="eot id 5000 is outside the tokenizer's"):
         HFTokenizer(llama_tokenizer_json().encode(), eot=5000)
+
+
+def test_gpt2s_tiktoken_encoding_stands_in_only_when_vocabulary_and_merges_are_gpt2s(tmp_path):
+    """vocab.json + merges.txt equal to GPT-2's: attngpt's tiktoken "gpt2" encoding (the same ids, faster).
+    The same vocabulary with two merges swapped tokenizes differently, so it is not GPT-2's."""
+    from data.hf_tokenizer import tokenizer_for_hf_folder
+    from data.tokenizer import TiktokenTokenizer
+    from tests.hf_models import gpt2_tokenizer_dir
+    try:
+        folder = gpt2_tokenizer_dir(tmp_path / "gpt2")
+    except UserError as e:
+        pytest.skip(f"the GPT-2 vocabulary is not cached on this machine ({e})")
+    config = {"vocab_size": 50257}
+    assert isinstance(tokenizer_for_hf_folder(folder, config, "gpt2", name="gpt2"), TiktokenTokenizer)
+    lines = (folder / "merges.txt").read_text(encoding="utf-8").split("\n")
+    lines[1], lines[2] = lines[2], lines[1]
+    (folder / "merges.txt").write_text("\n".join(lines), encoding="utf-8")
+    with pytest.raises(UserError, match=r"no tokenizer.json in .* \(its vocab.json / merges.txt are not GPT-2's"):
+        tokenizer_for_hf_folder(folder, config, "gpt2", name="gpt2")

@@ -2,6 +2,7 @@
 memory bound every loader checks first (model/memory.py) counts exactly the parameters GPT allocates."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -13,7 +14,7 @@ from common.errors import UserError
 from model import GPT, ModelConfig
 from model.attention import CausalSelfAttention
 from model.generate import generate
-from model.memory import check_fits_in_memory, kv_cache_bytes, param_count
+from model.memory import MODULE_BYTES_PER_LAYER, check_fits_in_memory, kv_cache_bytes, param_count
 from model.rope import rope_frequencies
 
 
@@ -133,7 +134,23 @@ def test_a_model_beyond_memory_is_refused_before_allocating(overrides):
         check_fits_in_memory(c, "cpu", source="the test")
     message = str(e.value)
     assert f"has {param_count(c):,} parameters" in message and "would need" in message and "\n" not in message
-    assert check_fits_in_memory(config(), "cpu") == 4 * param_count(config()) + 24 * 4 * 8  # weights + RoPE table
+    # weights + RoPE table + the two blocks' module objects
+    assert check_fits_in_memory(config(), "cpu") == 4 * param_count(config()) + 24 * 4 * 8 + 2 * MODULE_BYTES_PER_LAYER
+
+
+def test_the_bound_counts_what_building_a_layer_allocates_beside_its_numbers():
+    """A deep model of tiny width has few parameters, but every block is a dozen Python objects: the bound per
+    layer holds what building one takes (Python allocations, traced; after a first build that warms caches)."""
+    import tracemalloc
+    tiny = config(d_model=8, n_head=2, n_kv_head=2, vocab_size=16, block_size=8)
+    with torch.device("meta"):
+        GPT(tiny)
+        tracemalloc.start()
+        model = GPT(dataclasses.replace(tiny, n_layer=200))
+        allocated, _ = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    assert 200 * 4_000 < allocated < 200 * MODULE_BYTES_PER_LAYER, allocated
+    del model
 
 
 def test_memory_is_stated_in_decimal_units():

@@ -45,7 +45,9 @@ class TrainConfig:
     resume: Literal["auto", "never"] = "auto"  # auto: continue from out_dir/latest if present; never: refuse a used out_dir
     log_interval: int = 10  # steps between progress-bar/W&B scalar updates
     nonfinite: Literal["stop", "skip"] = "stop"  # a NaN/inf loss or gradient: stop the run, or skip the step and count it
-    peak_flops: float | None = None  # device peak FLOP/s for MFU; None -> measured at start with a large matmul
+    # one device's peak FLOP/s; MFU is per device (a process's FLOP/s over it). None -> measured at start with a
+    # large matmul
+    peak_flops: float | None = None
     # the starting weights: scratch (random init), or a pretrained model's -- an attngpt checkpoint or run out_dir,
     # a Hugging Face model folder or hub id (gpt2, a Llama-family id); its shape and tokenizer come with it
     init_from: str = "scratch"

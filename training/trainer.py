@@ -110,9 +110,9 @@ class Run:
     monitor: Any  # training.attn_monitor.AttentionMonitor, or None
     result: TrainResult
     scaler: torch.amp.GradScaler | None = None
-    tokens_per_step: int = 0
-    flops_per_step: float = 0.0
-    peak_flops: float = 1.0
+    tokens_per_step: int = 0  # every process's tokens: what tokens_per_s counts
+    device_flops_per_step: float = 0.0  # one process's share of a step's FLOPs: what MFU counts
+    peak_flops: float = 1.0  # one device's
 
     def save(self, step_done: int) -> None:
         """Write latest/ with everything a resume needs (main process only; every process under FSDP)."""
@@ -228,7 +228,8 @@ def _finish_setup(cfg: RunConfig, rt: Runtime, prepared: PreparedData, model: GP
               extra=extra, files=files, logger=logger, monitor=None, result=result)
     run.scaler = torch.amp.GradScaler("cuda") if rt.autocast_dtype == torch.float16 else None
     run.tokens_per_step = tc.batch_size * tc.grad_accum * rt.world_size * model_cfg.block_size
-    run.flops_per_step = model.flops_per_token(model_cfg.block_size) * run.tokens_per_step
+    # each process runs 1/world_size of the step's tokens on its own device, measured against its own peak
+    run.device_flops_per_step = model.flops_per_token(model_cfg.block_size) * run.tokens_per_step / rt.world_size
     run.peak_flops = tc.peak_flops or measure_peak_flops(rt.device, rt.autocast_dtype)
     run.monitor = _attention_monitor(cfg, model, prepared, logger, rt, result.step)
     return run
@@ -342,10 +343,11 @@ def train_step(run: Run, step: int) -> tuple[float | None, float]:
 
 
 def log_progress(run: Run, step: int, loss_value: float, norm_value: float, elapsed: float, steps: int) -> None:
-    """Scalars of the last `steps` steps (taking `elapsed` seconds) to metrics.jsonl, W&B and the bar."""
+    """Scalars of the last `steps` steps (taking `elapsed` seconds) to metrics.jsonl, W&B and the bar:
+    tokens_per_s of all processes together, MFU per device (one process's FLOP/s over its device's peak)."""
     synchronize(run.rt.device)
     tok_s = run.tokens_per_step * steps / elapsed
-    mfu = run.flops_per_step * steps / elapsed / run.peak_flops
+    mfu = run.device_flops_per_step * steps / elapsed / run.peak_flops
     lr = run.optimizers.param_groups[-1]["lr"]
     run.logger.record(step + 1, {"train/loss": loss_value, "lr": lr, "grad_norm": norm_value,
                                  "tokens_per_s": tok_s, "mfu": mfu})

@@ -4,8 +4,9 @@
     LlamaForCausalLM     pos rope, norm rmsnorm, mlp swiglu, GQA; optional biases on every projection
     MistralForCausalLM   the same network as Llama when it has no sliding window
 
-Reading takes config.json as plain JSON (no transformers needed) and accepts both the classic keys
-(`rope_theta`, `rope_scaling`) and transformers 5's `rope_parameters`. Anything the network would compute
+Reading takes config.json as plain JSON (no transformers needed), checks every key it reads for its type and
+range first (config_schema.py), and accepts both the classic keys (`rope_theta`, `rope_scaling`) and
+transformers 5's `rope_parameters`. Anything the network would compute
 differently (rope scaling, a sliding window, biases on q/k/v only, another activation, ...) is refused
 naming it, never approximated. Writing emits the classic keys, which transformers 4.x and 5.x both read.
 """
@@ -14,7 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from common.errors import UserError
+from common.schema import check
 from model.config import ModelConfig
+from model.hf.config_schema import KIND, SCHEMAS
 
 ARCHITECTURES = {"GPT2LMHeadModel": "gpt2", "LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral"}
 SUPPORTED = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM (without a sliding window)"
@@ -22,11 +25,13 @@ SUPPORTED = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM (without a sl
 NOT_CONVERTED = {"Qwen2ForCausalLM": "biases on q, k, v only", "Qwen3ForCausalLM": "norms on q and k",
                  "GemmaForCausalLM": "RMSNorm scaled by 1 + weight, scaled embeddings",
                  "GPTNeoXForCausalLM": "parallel attention and MLP, rotary on part of each head"}
+DAMAGED = "the file is damaged: fetch the model again, or correct the key"
 GELU_TANH = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")  # all tanh-approximated GELU, as attngpt's GeluMLP
 
 
 def hf_model_type(hf: dict[str, Any], where: str) -> str:
     """'gpt2' | 'llama' | 'mistral' for a supported config.json, else a UserError naming what it is."""
+    check(hf, KIND, where, DAMAGED)
     archs = hf.get("architectures") or []
     model_type = hf.get("model_type")
     known = [ARCHITECTURES[a] for a in archs if a in ARCHITECTURES]
@@ -42,11 +47,11 @@ def hf_model_type(hf: dict[str, Any], where: str) -> str:
 def model_config_from_hf(hf: dict[str, Any], where: str) -> ModelConfig:
     """ModelConfig equal in every computation to the HF model described by `hf` (a config.json dict)."""
     kind = hf_model_type(hf, where)
+    check(hf, SCHEMAS[kind], where, DAMAGED)  # every key read below has its type and range
     try:
         return _from_gpt2(hf, where) if kind == "gpt2" else _from_llama(hf, where, kind)
-    except (KeyError, TypeError, ValueError) as e:
-        what = f"missing key {e}" if isinstance(e, KeyError) else str(e)
-        raise UserError(f"{where}: not a usable {kind} config ({what})") from None
+    except ValueError as e:  # ModelConfig's checks across keys: d_model divisible by n_head, ...
+        raise UserError(f"{where}: not a usable {kind} config ({e})") from None
 
 
 def _refuse(where: str, setting: str, why: str = "") -> None:
@@ -64,11 +69,10 @@ def _from_gpt2(hf: dict[str, Any], where: str) -> ModelConfig:
     if hf.get("add_cross_attention"):
         _refuse(where, "add_cross_attention=true")
     return ModelConfig(
-        vocab_size=int(hf["vocab_size"]), block_size=int(hf["n_positions"]), n_layer=int(hf["n_layer"]),
-        n_head=int(hf["n_head"]), n_kv_head=int(hf["n_head"]), d_model=int(hf["n_embd"]), mlp="gelu",
-        mlp_hidden=int(hf["n_inner"]) if hf.get("n_inner") is not None else None, norm="layernorm",
+        vocab_size=hf["vocab_size"], block_size=hf["n_positions"], n_layer=hf["n_layer"], n_head=hf["n_head"],
+        n_kv_head=hf["n_head"], d_model=hf["n_embd"], mlp="gelu", mlp_hidden=hf.get("n_inner"), norm="layernorm",
         pos="learned", norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)), bias=True,
-        tie_embeddings=bool(hf.get("tie_word_embeddings", True)))
+        tie_embeddings=hf.get("tie_word_embeddings", True))
 
 
 def _rope(hf: dict[str, Any], where: str) -> float:
@@ -90,24 +94,23 @@ def _from_llama(hf: dict[str, Any], where: str, kind: str) -> ModelConfig:
     if hf.get("hidden_act", "silu") != "silu":
         _refuse(where, f"hidden_act {hf.get('hidden_act')!r}", " (SwiGLU gates with SiLU)")
     window = hf.get("sliding_window")
-    if window is not None and (hf.get("use_sliding_window", True) and int(window) < int(hf["max_position_embeddings"])):
+    if window is not None and (hf.get("use_sliding_window", True) and window < hf["max_position_embeddings"]):
         _refuse(where, f"sliding_window={window}", " (attention sees the whole context)")
-    d_model, n_head = int(hf["hidden_size"]), int(hf["num_attention_heads"])
+    d_model, n_head = hf["hidden_size"], hf["num_attention_heads"]
     head_dim = hf.get("head_dim")
-    if head_dim is not None and int(head_dim) * n_head != d_model:
+    if head_dim is not None and head_dim * n_head != d_model:
         _refuse(where, f"head_dim={head_dim} (with hidden_size {d_model} and {n_head} heads)",
                 " (attngpt's head_dim is hidden_size / num_attention_heads)")
-    attn_bias, mlp_bias = bool(hf.get("attention_bias", False)), bool(hf.get("mlp_bias", False))
+    attn_bias, mlp_bias = hf.get("attention_bias", False), hf.get("mlp_bias", False)
     if attn_bias != mlp_bias:
         _refuse(where, f"attention_bias={attn_bias} with mlp_bias={mlp_bias}",
                 " (attngpt's bias is on every projection or none)")
     return ModelConfig(
-        vocab_size=int(hf["vocab_size"]), block_size=int(hf["max_position_embeddings"]),
-        n_layer=int(hf["num_hidden_layers"]), n_head=n_head,
-        n_kv_head=int(hf.get("num_key_value_heads") or n_head), d_model=d_model, mlp="swiglu",
-        mlp_hidden=int(hf["intermediate_size"]), norm="rmsnorm", pos="rope", rope_theta=_rope(hf, where),
+        vocab_size=hf["vocab_size"], block_size=hf["max_position_embeddings"], n_layer=hf["num_hidden_layers"],
+        n_head=n_head, n_kv_head=hf.get("num_key_value_heads") or n_head, d_model=d_model, mlp="swiglu",
+        mlp_hidden=hf["intermediate_size"], norm="rmsnorm", pos="rope", rope_theta=_rope(hf, where),
         norm_eps=float(hf.get("rms_norm_eps", 1e-6)), bias=attn_bias,
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
+        tie_embeddings=hf.get("tie_word_embeddings", False))
 
 
 # --- attngpt -> Hugging Face ------------------------------------------------------------------------------

@@ -6,10 +6,13 @@ contiguous, so only the transpose differs. attngpt without biases (bias=False) i
 """
 from __future__ import annotations
 
+import re
+
 import torch
 
 from model.config import ModelConfig
 
+LAYER_NAME = re.compile(r"transformer\.h\.(\d+)\.")  # normalized names of layer i: transformer.h.i.*
 PREFIX = "transformer."
 # per-layer pairs (HF name under h.{i}., attngpt name under blocks.{i}., transposed?)
 LAYER = [

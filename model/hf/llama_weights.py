@@ -10,10 +10,13 @@ Three differences besides the names:
 """
 from __future__ import annotations
 
+import re
+
 import torch
 
 from model.config import ModelConfig
 
+LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.")  # the tensors of layer i: model.layers.i.*
 NORMS = [("input_layernorm", "attn_norm"), ("post_attention_layernorm", "mlp_norm")]
 
 

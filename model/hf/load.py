@@ -1,5 +1,7 @@
 """A Hugging Face folder -> an attngpt GPT with the same weights (after the renames, transposes and RoPE
-row permutation of gpt2_weights / llama_weights), every name and shape checked against config.json first."""
+row permutation of gpt2_weights / llama_weights). Before anything is built, even on the meta device: config.json
+is validated (config_map) and its model checked against memory; the weights' headers then against config.json
+(every name, shape and dtype) before any tensor is read."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,11 +16,22 @@ from model.config import ModelConfig
 from model.gpt import GPT
 from model.hf import gpt2_weights, llama_weights
 from model.hf.config_map import hf_model_type, model_config_from_hf
-from model.hf.source import CONFIG, read_hf_config, read_tensors, tensor_shapes, weight_files
+from model.hf.source import CONFIG, read_hf_config, read_tensors, tensor_infos, weight_files
+from model.memory import check_fits_in_memory
+from model.safetensors_file import FLOAT_DTYPES, layer_count
 
 
 def weights_module(kind: str) -> ModuleType:
     return gpt2_weights if kind == "gpt2" else llama_weights
+
+
+def read_hf_model_config(folder: Path) -> tuple[dict[str, Any], ModelConfig]:
+    """(config.json dict, the ModelConfig it describes) for a Hugging Face folder, validated, of a model that fits
+    in this machine's memory (where it is built first, whatever the device it goes to)."""
+    hf_config = read_hf_config(folder)
+    config = model_config_from_hf(hf_config, str(folder / CONFIG))
+    check_fits_in_memory(config, "cpu", source=f"'{folder / CONFIG}'")
+    return hf_config, config
 
 
 def attngpt_shapes(config: ModelConfig) -> dict[str, torch.Tensor]:
@@ -48,12 +61,18 @@ class WeightPlan:
 
 def check_hf_weights(folder: Path, hf_config: dict[str, Any], config: ModelConfig) -> WeightPlan:
     """Check the folder's weights against `config` (from its config.json) from the file headers alone:
-    every tensor present, none unexpected, every shape right."""
+    every tensor present, none unexpected, every shape right, every weight floating-point. The layer count
+    comes first: the expected names come from a model built on the meta device, layer by layer."""
     kind = hf_model_type(hf_config, str(folder / CONFIG))
     module = weights_module(kind)
     files = weight_files(folder)
-    stored = {module.normalize_name(name): (name, shape)
-              for name, (shape, _) in tensor_shapes(files).items() if not module.is_buffer(name)}
+    infos = {module.normalize_name(name): (name, info)
+             for name, (info, _) in tensor_infos(files).items() if not module.is_buffer(name)}
+    stored = {theirs: (name, info.shape) for theirs, (name, info) in infos.items()}
+    layers = layer_count(stored, module.LAYER_NAME)
+    if layers != config.n_layer:
+        raise UserError(f"'{folder / CONFIG}' contradicts the weights beside it ({config.n_layer} layers in the "
+                        f"config, {layers} in the weights): the folder is damaged or mixes two models")
     expected = expected_hf_shapes(config, kind)
     spare_head = config.tie_embeddings and "lm_head.weight" in stored  # some tied checkpoints store it anyway
     missing = sorted(set(expected) - set(stored))
@@ -66,7 +85,12 @@ def check_hf_weights(folder: Path, hf_config: dict[str, Any], config: ModelConfi
             f"shape {', '.join(wrong[:2])}" if wrong else ""]))
         raise UserError(f"'{folder / CONFIG}' contradicts the weights beside it ({details}): the folder is "
                         f"damaged or mixes two models")
-    wanted = {stored[n][0]: n for n in [*expected, *(["lm_head.weight"] if spare_head else [])]}
+    read = [*expected, *(["lm_head.weight"] if spare_head else [])]
+    not_float = [f"{n} ({infos[n][1].dtype})" for n in read if infos[n][1].dtype not in FLOAT_DTYPES]
+    if not_float:
+        raise UserError(f"the weights beside '{folder / CONFIG}' store {', '.join(not_float[:3])}"
+                        f"{' ...' if len(not_float) > 3 else ''}, not floating-point weights: the folder is damaged")
+    wanted = {stored[n][0]: n for n in read}
     return WeightPlan(kind=kind, files=files, wanted=wanted, spare_head=spare_head)
 
 
@@ -110,6 +134,5 @@ def load_hf_model(folder: str | Path, device: torch.device | str = "cpu",
                   dtype: torch.dtype = torch.float32) -> tuple[GPT, dict[str, Any]]:
     """(GPT in eval mode, the config.json dict) for a Hugging Face model folder."""
     folder = Path(folder)
-    hf_config = read_hf_config(folder)
-    config = model_config_from_hf(hf_config, str(folder / CONFIG))
+    hf_config, config = read_hf_model_config(folder)
     return build_model(config, read_hf_state(folder, hf_config, config, dtype), device), hf_config

@@ -3,11 +3,13 @@ downloaded once into the Hugging Face cache through huggingface_hub; and reading
 safetensors weights (one file, or shards listed in model.safetensors.index.json).
 
 Reading never writes into the folder, and never unpickles: a folder with only pytorch_model.bin is refused.
-Weights are checked at the boundary: every file readable and complete, every tensor finite.
+Everything is checked at the boundary: JSON files bounded in size before they are read (config.json as
+attngpt's own, MAX_CONFIG_BYTES; the shard index MAX_INDEX_BYTES) and parsed strictly (common/json_file.py);
+weights files complete (safetensors checks every tensor's offsets against the file size when it opens one),
+their headers read before any tensor (names, shapes, dtypes), and every tensor finite.
 """
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any, Iterator
@@ -15,6 +17,10 @@ from typing import Any, Iterator
 import torch
 
 from common.errors import UserError
+from common.json_file import read_json as read_bounded_json
+from common.schema import DictOf, Fields, Str, check
+from model.checkpoint import MAX_CONFIG_BYTES
+from model.safetensors_file import TensorInfo, open_safetensors, read_header
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -22,6 +28,8 @@ INDEX = "model.safetensors.index.json"
 # what a download fetches: config, weights (top level only) and tokenizer files, nothing else in the repo
 HUB_FILES = [CONFIG, "generation_config.json", WEIGHTS, INDEX, "model-*-of-*.safetensors", "tokenizer.json",
              "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt"]
+MAX_INDEX_BYTES = 16_000_000  # a shard index lists every tensor once: some hundred kB for the largest models
+INDEX_SCHEMA = Fields({"weight_map": DictOf(Str())}, required=("weight_map",))  # tensor name -> shard file
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
 
 
@@ -36,18 +44,16 @@ def is_hf_config(payload: Any) -> bool:
                                                                       or "architectures" in payload)
 
 
-def read_json(path: Path, what: str) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"{what} '{path}' cannot be read as JSON ({type(e).__name__}: {e})") from None
+def read_json(path: Path, what: str, limit: int = MAX_CONFIG_BYTES) -> Any:
+    """The JSON file `path`, bounded and strict (module doc); `what` names it in messages."""
+    return read_bounded_json(path, limit, what)
 
 
 def read_hf_config(folder: Path) -> dict[str, Any]:
     path = folder / CONFIG
     if not path.is_file():
         raise UserError(f"no {CONFIG} in '{folder}': not a Hugging Face model folder")
-    payload = read_json(path, "config")
+    payload = read_json(path, CONFIG)
     if not is_hf_config(payload):
         raise UserError(f"'{path}' is not a Hugging Face model config (no model_type or architectures)")
     return payload
@@ -76,11 +82,11 @@ def weight_files(folder: Path) -> list[Path]:
     """The safetensors files holding the model: model.safetensors, or every shard the index lists."""
     index = folder / INDEX
     if index.is_file():
-        payload = read_json(index, "weights index")
-        weight_map = payload.get("weight_map") if isinstance(payload, dict) else None
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise UserError(f"'{index}' has no weight_map: the shard index is damaged")
-        names = sorted(set(map(str, weight_map.values())))
+        payload = read_json(index, INDEX, MAX_INDEX_BYTES)
+        check(payload, INDEX_SCHEMA, f"'{index}'", "the shard index is damaged: fetch the model again")
+        if not payload["weight_map"]:
+            raise UserError(f"'{index}' has an empty weight_map: the shard index is damaged")
+        names = sorted(set(payload["weight_map"].values()))
         if any(Path(n).name != n for n in names):
             raise UserError(f"'{index}' lists shard files outside its folder: refusing it")
         missing = [n for n in names if not (folder / n).is_file()]
@@ -96,31 +102,21 @@ def weight_files(folder: Path) -> list[Path]:
     raise UserError(f"no {WEIGHTS} or {INDEX} in '{folder}'{extra}")
 
 
-def _open(path: Path):
-    from safetensors import safe_open
-    try:
-        return safe_open(str(path), framework="pt")
-    except Exception as e:  # bad header, short file: several types
-        reason = " ".join(str(e).split())[:160]
-        raise UserError(f"weights file '{path}' is corrupted or truncated ({type(e).__name__}: {reason})") from None
-
-
-def tensor_shapes(files: list[Path]) -> dict[str, tuple[tuple[int, ...], Path]]:
-    """name -> (shape, file) from the headers only (no tensor is read)."""
-    shapes: dict[str, tuple[tuple[int, ...], Path]] = {}
+def tensor_infos(files: list[Path]) -> dict[str, tuple[TensorInfo, Path]]:
+    """name -> (dtype and shape, file) from the headers only (no tensor is read)."""
+    infos: dict[str, tuple[TensorInfo, Path]] = {}
     for path in files:
-        with _open(path) as f:
-            for name in f.keys():
-                if name in shapes:
-                    raise UserError(f"tensor {name} is stored twice ({shapes[name][1].name} and {path.name})")
-                shapes[name] = (tuple(f.get_slice(name).get_shape()), path)
-    return shapes
+        for name, info in read_header(path).items():
+            if name in infos:
+                raise UserError(f"tensor {name} is stored twice ({infos[name][1].name} and {path.name})")
+            infos[name] = (info, path)
+    return infos
 
 
 def read_tensors(files: list[Path], names: set[str], dtype: torch.dtype | None) -> Iterator[tuple[str, torch.Tensor]]:
     """The tensors `names` (a subset of the files' names), cast to dtype, each checked finite."""
     for path in files:
-        with _open(path) as f:
+        with open_safetensors(path) as f:
             for name in f.keys():
                 if name not in names:
                     continue
