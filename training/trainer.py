@@ -220,7 +220,7 @@ def _finish_setup(cfg: RunConfig, rt: Runtime, prepared: PreparedData, model: GP
                      f", compile {'on' if rt.compile else 'off'}")
     elif needs_measurement(cfg.dtype, tc.compile):
         choice, compiled = decide_precision(cfg, rt, model, optimizers, loader, tc.max_iters - result.step,
-                                            resumed=latest is not None)
+                                            resumed=latest is not None, say=logger.write)
         logger.write(choice.summary())
     optimizers.set_compute_dtype(rt.autocast_dtype)
     run = Run(cfg=cfg, rt=rt, out_dir=Path(cfg.out_dir), prepared=prepared,
