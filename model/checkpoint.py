@@ -145,7 +145,14 @@ def load_model(directory: str | Path, device: torch.device | str = "cpu") -> tup
 
 
 def load_weights(model: GPT, path: str | Path) -> None:
-    """Load safetensors weights into `model`, checking every name and shape first."""
+    """Load safetensors weights into `model`, checking every name and shape first (read_weights)."""
+    model.load_state_dict(read_weights(path, model.config), strict=False)  # strict=False only for the tied
+    # lm_head, which read_weights checked is absent
+
+
+def read_weights(path: str | Path, config: ModelConfig) -> dict[str, torch.Tensor]:
+    """The safetensors weights at `path` of a GPT(config), every name and shape checked against config, every
+    float finite; the tied lm_head is not among them. CheckpointError saying what is wrong otherwise."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no weights file '{path}'")
@@ -153,7 +160,8 @@ def load_weights(model: GPT, path: str | Path) -> None:
         state = load_file(str(path))
     except Exception as e:  # safetensors raises several types for a bad header or a short file
         raise CheckpointError(f"weights file '{path}' is corrupted or truncated ({type(e).__name__}: {e})") from None
-    expected = {name: t.shape for name, t in _weights_to_save(model).items()}
+    with torch.device("meta"):  # shapes only: nothing allocated
+        expected = {name: t.shape for name, t in _weights_to_save(GPT(config)).items()}
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     wrong_shape = [f"{n} {tuple(state[n].shape)} vs model {tuple(expected[n])}"
@@ -167,7 +175,7 @@ def load_weights(model: GPT, path: str | Path) -> None:
     bad = [name for name, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()]
     if bad:
         raise CheckpointError(f"weights in '{path}' hold NaN or inf values (e.g. {bad[0]})")
-    model.load_state_dict(state, strict=False)  # strict=False only for the tied lm_head, checked above
+    return state
 
 
 def fsync_file(path: str | Path) -> None:
