@@ -170,7 +170,7 @@ def load_model(directory: str | Path, device: torch.device | str = "cpu") -> tup
     with torch.device("meta"):
         _check_header(header, GPT(config), weights)
     model = GPT(config)
-    _read_weights(model, weights, header)
+    model.load_state_dict(_read_weights(weights, header), strict=False)  # strict=False only for the tied lm_head
     return model.to(device).eval(), payload
 
 
@@ -185,7 +185,19 @@ def load_weights(model: GPT, path: str | Path) -> None:
     path = _weights_path(Path(path))
     header = read_header(path, CheckpointError)
     _check_header(header, model, path)
-    _read_weights(model, path, header)
+    model.load_state_dict(_read_weights(path, header), strict=False)  # strict=False only for the tied lm_head,
+    # which _check_header found absent
+
+
+def read_weights(path: str | Path, config: ModelConfig) -> dict[str, torch.Tensor]:
+    """The safetensors weights at `path` of a GPT(config), checked as load_weights checks them (against a model
+    built on the meta device: nothing allocated), without loading them into a model: a caller may crop them
+    first (model.gpt.crop_block_size). The tied lm_head is not among them."""
+    path = _weights_path(Path(path))
+    header = read_header(path, CheckpointError)
+    with torch.device("meta"):
+        _check_header(header, GPT(config), path)
+    return _read_weights(path, header)
 
 
 def _check_header(header: dict[str, TensorInfo], model: GPT, path: Path) -> None:
@@ -205,8 +217,8 @@ def _check_header(header: dict[str, TensorInfo], model: GPT, path: Path) -> None
         raise CheckpointError(f"weights in '{path}' do not match the model in its config.json: {details}")
 
 
-def _read_weights(model: GPT, path: Path, header: dict[str, TensorInfo]) -> None:
-    """The tensors of a file whose `header` was checked into `model`, each finite."""
+def _read_weights(path: Path, header: dict[str, TensorInfo]) -> dict[str, torch.Tensor]:
+    """The tensors of a file whose `header` was checked (_check_header), each finite."""
     try:
         state = load_file(str(path))
     except Exception as e:  # safetensors raises several types for a bad header or a short file
@@ -218,7 +230,7 @@ def _read_weights(model: GPT, path: Path, header: dict[str, TensorInfo]) -> None
     bad = [name for name, t in state.items() if not torch.isfinite(t).all()]
     if bad:
         raise CheckpointError(f"weights in '{path}' hold NaN or inf values (e.g. {bad[0]})")
-    model.load_state_dict(state, strict=False)  # strict=False only for the tied lm_head, checked above
+    return state
 
 
 def fsync_file(path: str | Path) -> None:

@@ -297,3 +297,17 @@ class GPT(nn.Module):
         matmul_params = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
         return 6.0 * matmul_params + 12.0 * c.n_layer * c.n_head * c.head_dim * seq_len
 
+
+
+def crop_block_size(state: dict[str, torch.Tensor], block_size: int) -> dict[str, torch.Tensor]:
+    """A GPT's weights for the same model at a shorter context (fine-tuning GPT-2 at the context a CPU affords):
+    learned positions keep the first block_size rows of their table. Nothing else stored depends on the
+    context (RoPE's table is derived, not saved), so GPT(config at block_size) holding the result computes, on
+    every input of up to block_size tokens, exactly what the full model computes."""
+    positions = state.get("pos_emb.weight")  # (source block_size, d_model); absent with RoPE
+    if positions is None or positions.shape[0] == block_size:
+        return state
+    if not 1 <= block_size < positions.shape[0]:
+        raise ValueError(f"block_size={block_size}: the weights hold {positions.shape[0]} positions; a crop keeps "
+                         f"1 to {positions.shape[0]} of them")
+    return {**state, "pos_emb.weight": positions[:block_size].clone()}  # a copy: the full table can be freed

@@ -21,9 +21,9 @@ from common.json_file import read_json
 from data.hf_tokenizer import tokenizer_for_hf_folder
 from data.tokenizer import tokenizer_from_json
 from model.checkpoint import (CONFIG_FILE, MAX_CONFIG_BYTES, WEIGHTS_FILE, CheckpointError, find_checkpoint,
-                              load_checkpoint, load_weights, read_config)
+                              load_checkpoint, read_config, read_weights)
 from model.config import ModelConfig
-from model.gpt import GPT
+from model.gpt import GPT, crop_block_size
 from model.memory import check_fits_in_memory
 from model.hf.config_map import hf_model_type
 from model.hf.load import build_model, check_hf_weights, load_state, read_hf_model_config, read_hf_state
@@ -69,15 +69,17 @@ class Pretrained:
         return build_model(self.config, state, device)
 
     def load_into(self, model: GPT) -> None:
-        """Copy the source's weights into `model` (of the source's shape; dropout/attn_impl may differ)."""
+        """Copy the source's weights into `model`: of the source's shape (dropout/attn_impl may differ), or of a
+        shorter block_size, its learned positions then the first rows of the source's (crop_block_size)."""
         if self.kind == "attngpt":
             try:
-                load_weights(model, self.folder / WEIGHTS_FILE)
+                state = read_weights(self.folder / WEIGHTS_FILE, self.config)
             except CheckpointError as e:
                 raise CheckpointError(f"{e}; {self.remedy}") from None
-            return
+        else:
+            state = read_hf_state(self.folder, self.hf_config, self.config, model.tok_emb.weight.dtype)
         with torch.no_grad():
-            load_state(model, read_hf_state(self.folder, self.hf_config, self.config, model.tok_emb.weight.dtype))
+            load_state(model, crop_block_size(state, model.config.block_size))
 
 
 def classify(path: Path) -> str | None:

@@ -86,6 +86,14 @@ PLANTS = [
           ("tests/test_run_lock.py",)),
     Plant("autotune-gain", "auto keeps a candidate that is not faster", "training/autotune.py",
           "MIN_GAIN = 1.05", "MIN_GAIN = 0.5", ("tests/test_autotune.py",)),
+    Plant("autotune-compile-gain", "auto compiles when the compiled step is faster by any margin",
+          "training/autotune.py", "kept = _fastest(pair, best)", "kept = min(pair, key=pair.get)",
+          ("tests/test_autotune.py",)),
+    Plant("crop-offset", "a cropped position table keeps rows 1..block_size, not 0..block_size-1", "model/gpt.py",
+          "positions[:block_size].clone()", "positions[1:block_size + 1].clone()", ("tests/test_shorter_context.py",)),
+    Plant("crop-ignored", "train.init_from trains at the source's block_size whatever model.block_size says",
+          "training/init_from.py", "block_size=cfg.model_set.get(CROPPABLE, source.config.block_size))",
+          "block_size=source.config.block_size)", ("tests/test_shorter_context.py",)),
 ]
 
 

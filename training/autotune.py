@@ -17,6 +17,11 @@ slower than plain float32 eager beyond noise. The weights, optimizer state, RNG 
 position are restored afterwards: a run with `auto` trains exactly as the same run with the chosen settings
 written out. The choice is saved in out_dir (CHOICE_FILE) and a resume reuses it without measuring again.
 Explicit settings are obeyed as written and never measured.
+
+What the run prints: before timing, what is timed, about how long it takes and how to skip it; before
+compiling, why and that it takes a while; then one summary line. The summary gives each comparison with the
+numbers it was decided on: 1-2 are timed together, 3 against the winner's eager step timed again beside it,
+minutes later, when the machine's load may differ, so the two comparisons are never mixed into one ratio.
 """
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
@@ -49,25 +54,57 @@ MIN_STEPS = 2
 # bursts of load on a shared machine hit a round, not every round of one candidate (timed one after the other,
 # a 1.2x compile gain once measured 1.05x and the run went eager)
 ROUNDS = 3
+# what compiling costs, said before it starts: configs/small.yaml's model took 38 s on a 2-core CPU (58 s under load
+# from other processes); torch's compile cache makes a repeat of the same model on one machine a few seconds
+FIRST_COMPILE = "~20-60 s"
+
+
+@dataclass
+class Comparison:
+    """Candidates timed in turn (ms per step, each its fastest round) and the one kept: `baseline` unless
+    another beat it by MIN_GAIN. A choice saved before comparisons were recorded holds one with its flat
+    table of numbers and no baseline (they were not all timed together, so no ratio is drawn from them)."""
+
+    ms_per_step: dict[str, float]
+    baseline: str | None = None
+    kept: str | None = None
+
+    def describe(self) -> str:
+        """'bfloat16 602.3 vs float32 854.7 ms/step: 1.42x, kept' for each candidate against the baseline."""
+        if self.baseline is None or len(self.ms_per_step) == 1:
+            return "; ".join(f"{name} {ms:.1f} ms/step" for name, ms in self.ms_per_step.items())
+        base = self.ms_per_step[self.baseline]
+        parts = []
+        for name, ms in self.ms_per_step.items():
+            if name != self.baseline:
+                verdict = "kept" if name == self.kept else f"not kept (under {MIN_GAIN:.2f}x)"
+                parts.append(f"{name} {ms:.1f} vs {self.baseline} {base:.1f} ms/step: {base / ms:.2f}x, {verdict}")
+        return "; ".join(parts)
+
+    @classmethod
+    def from_json(cls, d: Any) -> "Comparison":
+        ms = d.get("ms_per_step") if isinstance(d, dict) else None
+        if not (isinstance(ms, dict) and ms and all(isinstance(k, str) and _real(v) and v > 0 for k, v in ms.items())):
+            raise ValueError(f"ms_per_step is not a table of positive timings: {str(ms)[:120]}")
+        baseline, kept = d.get("baseline"), d.get("kept")
+        if not ((baseline is None and kept is None) or (baseline in ms and kept in ms)):
+            raise ValueError(f"baseline {str(baseline)[:40]!r} / kept {str(kept)[:40]!r} are not among the timings")
+        return cls(ms_per_step={k: float(v) for k, v in ms.items()}, baseline=baseline, kept=kept)
 
 
 @dataclass
 class Choice:
-    """What `auto` settled on, and the measurements behind it (ms per step, by candidate name)."""
+    """What `auto` settled on, and the comparisons behind it, in the order they were made."""
 
     dtype: str  # "float32" | "bfloat16" | "float16" (the autocast dtype; weights stay float32)
     compile: bool
-    ms_per_step: dict[str, float] = field(default_factory=dict)
+    comparisons: list[Comparison] = field(default_factory=list)
     compile_seconds: float | None = None
     note: str = ""  # why a candidate was skipped or failed
 
     def summary(self) -> str:
-        """One line for the run's log: the choice and the measured ratios against float32 eager."""
-        base = self.ms_per_step.get("float32")
-        parts = []
-        for name, ms in self.ms_per_step.items():
-            ratio = f", {base / ms:.2f}x" if base and name != "float32" else ""
-            parts.append(f"{name} {ms:.1f} ms/step{ratio}")
+        """One line for the run's log: the choice, then each comparison with the numbers it was decided on."""
+        parts = [c.describe() for c in self.comparisons]
         if self.compile_seconds is not None:
             parts.append(f"compile took {self.compile_seconds:.0f} s")
         measured = "; ".join(parts) if parts else "nothing measured"
@@ -79,17 +116,22 @@ class Choice:
 
     @classmethod
     def from_json(cls, d: dict) -> "Choice":
-        """The saved choice, checked whole (a ValueError on anything else: the run then measures again)."""
+        """The saved choice, checked whole (a ValueError on anything else: the run then measures again). A
+        file of the earlier layout (one flat ms_per_step table) reads as one comparison without a baseline."""
         if not (isinstance(d, dict) and d.get("dtype") in DTYPES and isinstance(d.get("compile"), bool)):
             raise ValueError(f"not a dtype/compile choice: {str(d)[:120]}")
-        ms = d.get("ms_per_step") or {}
         seconds = d.get("compile_seconds")
-        if not (isinstance(ms, dict) and all(isinstance(k, str) and _real(v) and v > 0 for k, v in ms.items())):
-            raise ValueError(f"ms_per_step is not a table of positive timings: {str(ms)[:120]}")
         if not (seconds is None or (_real(seconds) and seconds >= 0)):
             raise ValueError(f"compile_seconds is not a number of seconds: {str(seconds)[:60]}")
-        return cls(dtype=d["dtype"], compile=d["compile"], ms_per_step={k: float(v) for k, v in ms.items()},
-                   compile_seconds=seconds, note=str(d.get("note", "")))
+        if "comparisons" in d:
+            if not isinstance(d["comparisons"], list):
+                raise ValueError(f"comparisons is not a list: {str(d['comparisons'])[:120]}")
+            comparisons = [Comparison.from_json(c) for c in d["comparisons"]]
+        else:  # the earlier layout
+            ms = d.get("ms_per_step") or {}
+            comparisons = [Comparison.from_json({"ms_per_step": ms})] if ms else []
+        return cls(dtype=d["dtype"], compile=d["compile"], comparisons=comparisons, compile_seconds=seconds,
+                   note=str(d.get("note", "")))
 
 
 def _real(value) -> bool:
@@ -180,11 +222,14 @@ def _time_steps(step: Callable[[], None], device: torch.device, seconds: float) 
 
 def choose(model: nn.Module, optimizers: Optimizers, batch: tuple[torch.Tensor, torch.Tensor], rt: Runtime,
            grad_accum: int, grad_clip: float, steps_left: int, dtype_setting: str,
-           compile_setting: bool | str) -> tuple[Choice, nn.Module | None]:
+           compile_setting: bool | str, say: Callable[[str], None] = lambda line: None
+           ) -> tuple[Choice, nn.Module | None]:
     """Time the candidates (module doc) and return (choice, the compiled model if compile won, else None).
 
     dtype_setting / compile_setting: the run's `dtype` and `train.compile`; only those on "auto" are chosen,
-    the others are taken as written. The model and optimizers end exactly as they started."""
+    the others are taken as written. `say` gets the lines the user waits on: what is timed and for about how
+    long, before timing, and why the model is compiled, before compiling. The model and optimizers end
+    exactly as they started."""
     device = rt.device
     dtypes = [dtype_setting] if dtype_setting != "auto" else ["float32"]
     notes = []
@@ -197,7 +242,7 @@ def choose(model: nn.Module, optimizers: Optimizers, batch: tuple[torch.Tensor, 
     single = dataclasses.replace(rt, world_size=1, rank=0)  # measured alone, outside DDP
     x, y = batch
     snapshot = _Snapshot(model, optimizers, device)
-    ms: dict[str, float] = {}
+    comparisons: list[Comparison] = []
 
     def steps_with(runner: nn.Module, dtype: str) -> Callable[[], None]:
         step_rt = dataclasses.replace(single, autocast_dtype=DTYPES[dtype] if dtype != "float32" else None)
@@ -212,10 +257,18 @@ def choose(model: nn.Module, optimizers: Optimizers, batch: tuple[torch.Tensor, 
 
     try:
         eager = {dtype: steps_with(model, dtype) for dtype in dtypes}
-        for step in eager.values():
+        first_step_s = 0.0
+        for i, step in enumerate(eager.values()):
+            t0 = time.perf_counter()
             step()  # warm-up: allocator, kernel selection, optimizer state
-        ms.update(_time_rounds(eager, device))
-        best = _fastest(ms, baseline="float32" if dtype_setting == "auto" else dtypes[0])
+            synchronize(device)
+            if i == 0:  # the pace the announcement estimates from (the other warm-ups follow it)
+                first_step_s = time.perf_counter() - t0
+                say(announcement(dtypes, dtype_setting, compile_setting, first_step_s))
+        ms = _time_rounds(eager, device)
+        baseline = "float32" if dtype_setting == "auto" else dtypes[0]
+        best = _fastest(ms, baseline)
+        comparisons.append(Comparison(_rounded(ms), baseline, best))
         compiled, compile_seconds, use_compile = None, None, compile_setting is True
         if compile_setting == "auto":
             eager_left_s = steps_left * ms[best] / 1e3
@@ -223,6 +276,9 @@ def choose(model: nn.Module, optimizers: Optimizers, batch: tuple[torch.Tensor, 
                 notes.append(f"compile not tried: the run has ~{eager_left_s:.0f} s left, under "
                              f"{COMPILE_MIN_RUN_S:.0f} s")
             else:
+                say(f"auto: compiling the model to time it against eager {best} (the run has ~{eager_left_s:.0f} s "
+                    f"left at {ms[best]:.0f} ms/step, at least {COMPILE_MIN_RUN_S:.0f} s); a first compile takes {FIRST_COMPILE} on a CPU, a few "
+                    f"seconds when torch's compile cache holds the model")
                 try:
                     compiled = torch.compile(model)
                     step = steps_with(compiled, best)
@@ -233,17 +289,48 @@ def choose(model: nn.Module, optimizers: Optimizers, batch: tuple[torch.Tensor, 
                     synchronize(device)
                     compile_seconds = time.perf_counter() - t0
                     # eager again, in turn with the compiled step: the two numbers compared share the minutes
-                    ms.update(_time_rounds({best: eager[best], f"{best} compiled": step}, device))
-                    use_compile = ms[best] / ms[f"{best} compiled"] >= MIN_GAIN
+                    pair = _time_rounds({best: eager[best], f"{best} compiled": step}, device)
+                    kept = _fastest(pair, best)
+                    comparisons.append(Comparison(_rounded(pair), best, kept))
+                    use_compile = kept != best
                 except Exception as e:  # no C++ compiler, an unsupported op, ...: stay eager
                     notes.append(f"compile failed ({type(e).__name__}: {' '.join(str(e).split())[:100]})")
                     compiled = None
     finally:
         snapshot.restore()
-    choice = Choice(dtype=best, compile=use_compile, ms_per_step={k: round(v, 3) for k, v in ms.items()},
+    choice = Choice(dtype=best, compile=use_compile, comparisons=comparisons,
                     compile_seconds=None if compile_seconds is None else round(compile_seconds, 1),
                     note="; ".join(notes))
     return choice, (compiled if use_compile else None)
+
+
+
+def timing_seconds(n_candidates: int, step_s: float) -> float:
+    """About how long timing n candidates takes after the first warm-up step, at step_s seconds a step: the
+    other warm-ups, then ROUNDS rounds (one when alone) of MEASURE_S / ROUNDS seconds or MIN_STEPS steps each,
+    whichever is longer (what _time_rounds does)."""
+    rounds = ROUNDS if n_candidates > 1 else 1
+    return (n_candidates - 1) * step_s + n_candidates * rounds * max(MEASURE_S / ROUNDS, MIN_STEPS * step_s)
+
+
+def announcement(dtypes: list[str], dtype_setting: str, compile_setting: bool | str, step_s: float) -> str:
+    """The line printed before timing: what is timed, about how long it takes (from the first warm-up step's
+    pace, step_s seconds), and the explicit settings that skip it."""
+    seconds = timing_seconds(len(dtypes), step_s)
+    what = (f"{' and '.join(dtypes)} training steps to choose dtype" if len(dtypes) > 1
+            else f"{dtypes[0]} training steps")
+    line = f"auto: timing {what} (~{math.ceil(seconds)} s at {1e3 * step_s:.0f} ms a step)"
+    if compile_setting == "auto":
+        line += (f", then, if the run lasts at least {COMPILE_MIN_RUN_S:.0f} s at that pace, a compiled step to "
+                 f"choose train.compile (a first compile takes {FIRST_COMPILE} on a CPU)")
+    skip = [*(["dtype=float32 or bfloat16"] if dtype_setting == "auto" else []),
+            *(["train.compile=false or true"] if compile_setting == "auto" else [])]
+    return f"{line}; skip it by setting {' and '.join(skip)}"
+
+
+def _rounded(ms: dict[str, float]) -> dict[str, float]:
+    """ms per step to 6 significant digits for the saved choice (never 0, unlike a fixed number of decimals)."""
+    return {name: float(f"{value:.6g}") for name, value in ms.items()}
 
 
 def _fastest(ms: dict[str, float], baseline: str) -> str:
@@ -262,13 +349,14 @@ def needs_measurement(dtype_setting: str, compile_setting: bool | str) -> bool:
     return dtype_setting == "auto" or compile_setting == "auto"
 
 
-
 def decide_precision(cfg: RunConfig, rt: Runtime, model: nn.Module, optimizers: Optimizers, loader: BatchLoader,
-                     steps_left: int, resumed: bool) -> tuple[Choice, nn.Module | None]:
+                     steps_left: int, resumed: bool, say: Callable[[str], None] = lambda line: None
+                     ) -> tuple[Choice, nn.Module | None]:
     """`dtype: auto` / `train.compile: auto` for a run: reuse the choice saved in out_dir on a resume, else
     time the candidates on the main process (on one batch of the run's own data, restoring every state
     after) and share the choice with the other processes. Sets rt.autocast_dtype and rt.compile; returns
-    the choice and the compiled model when the measurement made one (the run reuses it)."""
+    the choice and the compiled model when the measurement made one (the run reuses it). `say`: where the
+    lines printed while measuring go (see choose)."""
     out_dir, compiled = Path(cfg.out_dir), None
     choice = saved_choice(out_dir) if resumed else None
     if choice is None:
@@ -277,7 +365,7 @@ def decide_precision(cfg: RunConfig, rt: Runtime, model: nn.Module, optimizers: 
             batch = loader.next_batch()
             loader.load_state_dict(position)  # the measurement does not move the run's data stream
             choice, compiled = choose(model, optimizers, batch, rt, cfg.train.grad_accum, cfg.train.grad_clip,
-                                      steps_left, cfg.dtype, cfg.train.compile)
+                                      steps_left, cfg.dtype, cfg.train.compile, say)
             save_choice(out_dir, choice)
         if rt.ddp:
             import torch.distributed as dist

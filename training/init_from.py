@@ -7,7 +7,11 @@
 
 What comes from the source, and what the config may still say:
 - the model's shape: every `model:` key but dropout and attn_impl comes from it; a config that sets one to
-  another value is refused naming the key (remove it, or set it to the source's value);
+  another value is refused naming the key (remove it, or set it to the source's value). One exception:
+  `model.block_size` may be smaller than the source's, to fine-tune at a context the machine affords (GPT-2's
+  1024 at 256, as nanoGPT's crop_block_size): learned positions keep their first block_size rows, RoPE needs
+  nothing, and the run's checkpoints hold the smaller block_size, which sample.py and convert.py then use.
+  A larger one is refused: the source has no positions beyond its own;
 - the tokenizer: the data is encoded with the source's (GPT-2 BPE, its own tokenizer.json, or its exact char
   vocabulary, so that ids mean the same); a `data.tokenizer` that names another is refused;
 - the weights, once: a fresh optimizer and learning-rate schedule start at step 0. When out_dir already holds
@@ -27,6 +31,7 @@ from training.config import RunConfig
 
 SCRATCH = "scratch"
 FREE_KEYS = ("dropout", "attn_impl")  # model settings that do not change the weights: the config may set them
+CROPPABLE = "block_size"  # may be set below the source's (crop_block_size), never above
 
 
 def init_source(cfg: RunConfig, latest: Path | None) -> Pretrained | None:
@@ -50,8 +55,10 @@ def init_source(cfg: RunConfig, latest: Path | None) -> Pretrained | None:
 
 
 def init_model_config(cfg: RunConfig, source: Pretrained) -> ModelConfig:
-    """The source's shape with the run's dropout and attention implementation."""
-    return dataclasses.replace(source.config, dropout=cfg.model.dropout, attn_impl=cfg.model.attn_impl)
+    """The source's shape with the run's dropout and attention implementation, at the run's model.block_size
+    when it sets one (no larger than the source's: check_model_keys)."""
+    return dataclasses.replace(source.config, dropout=cfg.model.dropout, attn_impl=cfg.model.attn_impl,
+                               block_size=cfg.model_set.get(CROPPABLE, source.config.block_size))
 
 
 def check_model_keys(cfg: RunConfig, theirs: ModelConfig, label: str) -> None:
@@ -59,10 +66,16 @@ def check_model_keys(cfg: RunConfig, theirs: ModelConfig, label: str) -> None:
         if key in FREE_KEYS:
             continue
         value = getattr(theirs, key)
+        if key == CROPPABLE and ours > value:
+            raise UserError(f"model.block_size={ours} is longer than the {value} positions of {label}: a pretrained "
+                            f"model has no positions beyond its own; set model.block_size to {value} or less "
+                            f"(or remove it to train at {value})")
+        if key == CROPPABLE and ours < value:
+            continue  # a shorter context: the source's positions cropped (init_model_config, crop_block_size)
         if ours != value:
             raise UserError(f"model.{key}={ours!r} contradicts {label}, whose {key} is {value!r}: with "
                             f"train.init_from the model's shape comes from the source; remove model.{key} "
-                            f"(only model.dropout and model.attn_impl may be set)")
+                            f"(only model.dropout, model.attn_impl and a smaller model.block_size may be set)")
 
 
 def describe(tok: object) -> str:

@@ -188,8 +188,10 @@ def setup(cfg: RunConfig, rt: Runtime, lock: RunDirLock | None = None) -> Run:
 
     logger = RunLogger(cfg, rt.is_main, result.step, resumed=latest is not None)
     if source is not None and latest is None:
+        full = source.config.block_size
+        context = f"; context cropped to {model_cfg.block_size} of its {full}" if model_cfg.block_size < full else ""
         logger.write(f"starting from the weights of {tc.init_from} ({source.kind} checkpoint), with a fresh "
-                     f"optimizer and schedule; tokenizer {source.tokenizer!r}")
+                     f"optimizer and schedule; tokenizer {source.tokenizer!r}{context}")
     try:
         return _finish_setup(cfg, rt, prepared, model, optimizers, loader, result, logger, latest, extra, files)
     except BaseException:
@@ -220,7 +222,7 @@ def _finish_setup(cfg: RunConfig, rt: Runtime, prepared: PreparedData, model: GP
                      f", compile {'on' if rt.compile else 'off'}")
     elif needs_measurement(cfg.dtype, tc.compile):
         choice, compiled = decide_precision(cfg, rt, model, optimizers, loader, tc.max_iters - result.step,
-                                            resumed=latest is not None)
+                                            resumed=latest is not None, say=logger.write)
         logger.write(choice.summary())
     optimizers.set_compute_dtype(rt.autocast_dtype)
     run = Run(cfg=cfg, rt=rt, out_dir=Path(cfg.out_dir), prepared=prepared,
@@ -237,9 +239,9 @@ def _finish_setup(cfg: RunConfig, rt: Runtime, prepared: PreparedData, model: GP
 
 def _prepare(cfg: RunConfig, rt: Runtime, source: Any = None) -> PreparedData:
     """The main process prepares the data; the others wait for it, then read the same bins. With
-    train.init_from, with the source's tokenizer and for its block size."""
+    train.init_from, with the source's tokenizer; for the run's block size."""
     tokenizer = source.tokenizer if source is not None else None
-    block_size = source.config.block_size if source is not None else cfg.model.block_size
+    block_size = init_model_config(cfg, source).block_size if source is not None else cfg.model.block_size
     if rt.is_main:
         prepared = prepare_data(cfg.data, block_size=block_size, tokenizer=tokenizer)
     if rt.ddp:
