@@ -5,10 +5,13 @@ at any point, and training must never read half-written shards. So meta.json is 
 file, fsync, rename); meta.json with a matching fingerprint is the one sign of a complete prepare, and a
 folder without it is resumed (document corpora, data/sharded.py) or redone (a continuous text).
 
-The fingerprint covers the source's identity, the name, size and a hash of the first and last MiB of each
-of its local files (data/sources.py: not paths or modification times, so a copied data folder is still
-recognised), the tokenizer, the split settings and TOKENS_VERSION (not num_proc or streaming: they do not
-change the tokens). A hub dataset's content is not fingerprinted: pass `--force` after it changed.
+The fingerprint covers the source's identity (for local text files their absolute paths; for a hub
+dataset its name, config, split, column, data_files and max_docs), the name, size and sha256 of every byte of
+each of its local files (data/sources.py: not modification times, so a copied data folder is still recognised
+when its paths stay the same), the tokenizer, the split settings and TOKENS_VERSION (not num_proc or
+streaming: they do not change the tokens). An edit anywhere in a local file is a changed corpus, and its
+folder is prepared again. A hub dataset's content is not fingerprinted (only what names it): pass `--force`
+after it changed.
 
 One writer, any number of readers. A complete, up-to-date folder is opened read-only (data/prepared.py:
 no lock, nothing written, so it works on a read-only mount); only when it must be (re)made does a
@@ -66,7 +69,7 @@ def tokenizer_identity(tok: Tokenizer) -> str:
 
 def fingerprint(cfg: DataConfig, corpus: Corpus, tokenizer: Tokenizer | None = None) -> tuple[str, str]:
     """(folder name, fingerprint): the folder is fixed by the settings, the fingerprint adds the local
-    files' names, sizes and sampled hashes."""
+    files' names, sizes and content hashes."""
     name = tokenizer_identity(tokenizer) if tokenizer is not None else cfg.tokenizer
     settings = {"format_version": TOKENS_VERSION, "corpus": corpus.identity, "tokenizer": name,
                 "val_fraction": cfg.val_fraction}
@@ -235,9 +238,24 @@ def _exclusive(out_dir: Path, quiet: bool, unusable: str | None = None) -> Itera
 
 # --- command line ---------------------------------------------------------------------------------------
 
+@dataclasses.dataclass
+class _ModelSection:
+    block_size: int | None = None
+
+
+@dataclasses.dataclass
+class _ReadSections:
+    """What data.prepare reads of a run config, the schema its overrides are read with."""
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    model: _ModelSection = dataclasses.field(default_factory=_ModelSection)
+
+
 def read_data_section(config_path: str, overrides: list[str]) -> tuple[DataConfig, int | None]:
-    """The `data:` section as a DataConfig, and `model.block_size` if the file has one (other sections ignored)."""
-    raw = apply_overrides(load_yaml(config_path), overrides)
+    """The `data:` section as a DataConfig, and `model.block_size` if the file has one (other sections, and
+    overrides of other keys, are ignored)."""
+    read = [o for o in overrides if o.partition("=")[0].strip().split(".")[0] == "data"
+            or o.partition("=")[0].strip() == "model.block_size"]
+    raw = apply_overrides(load_yaml(config_path), read, _ReadSections)
     cfg = from_dict(DataConfig, raw.get("data"), "data.")
     model = raw.get("model")
     block_size = None
