@@ -1,7 +1,7 @@
 """Where text comes from: the data folder, the tinyshakespeare preset, local text files and `datasets` sources.
 
 Why this module: everything that touches the outside world before tokenization lives here — finding,
-sizing and sampling files (for the prepare fingerprint), the one download we do ourselves, and the single
+sizing and hashing files (for the prepare fingerprint), the one download we do ourselves, and the single
 `datasets.load_dataset(name, config, data_files=..., split=..., streaming=...)` call that reads local text,
 local parquet/json/csv and hub datasets alike — together with turning their many failure modes into one
 `UserError` line.
@@ -43,7 +43,7 @@ from data.config import DataConfig
 
 DATA_DIR_ENV = "ATTNGPT_DATA_DIR"
 TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
-# `datasets` builders that read local files given in data_files (their names, sizes and sampled hashes go
+# `datasets` builders that read local files given in data_files (their names, sizes and content hashes go
 # in the fingerprint, see _stats)
 LOCAL_BUILDERS = ("parquet", "json", "csv", "text", "arrow")
 
@@ -110,7 +110,7 @@ class Corpus:
     label: str  # short name for the prepared folder, e.g. "tinyshakespeare"
     description: str  # one line for meta.json and messages
     identity: dict[str, Any]  # JSON: which corpus this is (goes into the folder name and the fingerprint)
-    file_stats: list[list[Any]] = field(default_factory=list)  # [name, size, sample hash] of local files
+    file_stats: list[list[Any]] = field(default_factory=list)  # [name, size, content sha256] of local files
     load_kwargs: dict[str, Any] = field(default_factory=dict)  # for datasets.load_dataset
     local_files: list[Path] = field(default_factory=list)  # for UTF-8 diagnosis
     remote: bool = False  # a hub dataset: its download cache is kept in the data folder
@@ -120,25 +120,28 @@ class Corpus:
 
 
 def _stats(files: list[Path]) -> list[list[Any]]:
-    """[name, size, sample hash] per file: what tells a changed corpus from the same one.
+    """[name, size, content hash] per file: what tells a changed corpus from the same one.
 
-    Not the absolute path or the mtime, so a data folder copied to another machine (or re-downloaded
-    unchanged) is recognised and its bins reused; the hash of the first and last MiB catches edits
-    that keep the size, at a cost independent of the corpus size."""
+    The hash is a sha256 of the file's every byte, read in 1 MiB chunks (benchmarks/RESULTS.md: about 0.1 s per
+    100 MB here, at the speed of the page cache), so any edit, anywhere, is a changed corpus. No path and no
+    modification time: the same bytes give the same entries wherever they lie and however they were copied
+    (tinyshakespeare in another data folder is the same corpus; local text files are also named by their paths,
+    in the corpus's identity). Folders prepared when this held a hash of the first and last MiB only carry other
+    entries: they no longer match, and are prepared again, once."""
     out = []
     for f in files:
         size = f.stat().st_size
-        digest = hashlib.sha256()
-        with open(f, "rb") as fh:
-            digest.update(fh.read(_SAMPLE_BYTES))
-            if size > 2 * _SAMPLE_BYTES:
-                fh.seek(size - _SAMPLE_BYTES)
-            digest.update(fh.read(_SAMPLE_BYTES))
-        out.append([f.name, size, digest.hexdigest()[:16]])
+        out.append([f.name, size, file_sha256(f)])
     return out
 
 
-_SAMPLE_BYTES = 1 << 20
+def file_sha256(path: Path, chunk_bytes: int = 1 << 20) -> str:
+    """The sha256 of a file's whole content, as hex (read a chunk at a time: memory stays at one chunk)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_bytes):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def slugify(text: str) -> str:
@@ -265,11 +268,52 @@ def _first_line(e: BaseException) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
+def root_reason(e: BaseException) -> str:
+    """The innermost reason in `e`'s chain, as one line "Type: message". A worker's failure arrives as a
+    traceback's text (multiprocess's RemoteTraceback, data/workers.py's "a worker process failed"): its reason
+    is that traceback's last line, not its first."""
+    innermost = _error_chain(e)[-1]
+    text = str(innermost).strip()
+    if type(innermost).__name__ == "RemoteTraceback" or text.startswith("a worker process failed:"):
+        lines = [line.strip() for line in text.strip('"').splitlines() if line.strip()]
+        last = next((line for line in reversed(lines) if not line.startswith(("File ", "^", "~"))), "")
+        head, sep, message = last.partition(":")
+        if sep and " " not in head:  # "pyarrow.lib.ArrowInvalid: ..." -> "ArrowInvalid: ..."
+            last = f"{head.rsplit('.', 1)[-1]}:{message}"
+        return last if len(last) <= 200 else last[:197] + "..."
+    return _first_line(innermost)
+
+
+class _DropErrorRecords:
+    """A logging filter: `datasets` logs "Failed to read file ..." at ERROR level before it raises; the one line
+    this module makes of the error says it, so the record would only be a second line."""
+
+    @staticmethod
+    def filter(record: Any) -> bool:
+        return record.levelno < 40  # logging.ERROR
+
+
+@contextmanager
+def _datasets_errors_not_logged() -> Iterator[None]:
+    """While loading or reading: datasets' error records dropped (also in the processes it forks meanwhile)."""
+    import datasets.utils.logging as ds_logging
+
+    handlers = list(ds_logging.get_logger().handlers)
+    for handler in handlers:
+        handler.addFilter(_DropErrorRecords)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(_DropErrorRecords)
+
+
 @contextmanager
 def load_errors(corpus: Corpus) -> Iterator[None]:
     """Loading a dataset is all user input (names, files, network): every failure becomes one line."""
     try:
-        yield
+        with _datasets_errors_not_logged():
+            yield
     except UserError:
         raise
     except Exception as e:
@@ -278,14 +322,36 @@ def load_errors(corpus: Corpus) -> Iterator[None]:
 
 @contextmanager
 def read_errors(corpus: Corpus) -> Iterator[None]:
-    """While reading rows: only undecodable bytes and I/O or network failures are the user's to fix."""
+    """While reading rows: undecodable bytes, I/O or network failures, and a local file that its format's reader
+    refuses (data/file_formats.py) are the user's to fix; anything else is a bug and keeps its traceback."""
     try:
-        yield
+        with _datasets_errors_not_logged():
+            yield
+    except UserError:
+        raise
     except Exception as e:
         chain = _error_chain(e)
         if any(isinstance(x, (UnicodeDecodeError, OSError)) for x in chain):
             raise _as_user_error(e, corpus) from None
+        unreadable = _unreadable(corpus)
+        if unreadable is not None:
+            raise unreadable from None
         raise
+
+
+def _unreadable(corpus: Corpus) -> UserError | None:
+    """A UserError naming the first local file of a document corpus that its format's reader refuses, or None."""
+    if corpus.kind != "documents" or not corpus.local_files:
+        return None
+    from data.file_formats import unreadable_file
+
+    found = unreadable_file(corpus)
+    if found is None:
+        return None
+    path, fmt, reason = found
+    leave_out = "data.data_files" if corpus.load_kwargs.get("data_files") else "the dataset folder"
+    return UserError(f"file '{path}' is not a readable {fmt} file ({reason.rstrip('.')}): fix or replace it, or "
+                     f"leave it out of {leave_out}")
 
 
 def _as_user_error(e: BaseException, corpus: Corpus) -> UserError:
@@ -296,12 +362,14 @@ def _as_user_error(e: BaseException, corpus: Corpus) -> UserError:
             path, offset, byte = bad
             return UserError(f"file '{path}' is not UTF-8 text (byte 0x{byte:02x} at offset {offset}): convert it, "
                              f"e.g. iconv -f latin1 -t utf-8 '{path}' > fixed.txt")
-        return UserError(f"{corpus.description} holds text that is not UTF-8 ({_first_line(e)}): convert it to UTF-8")
-    innermost = chain[-1]
+        unreadable = _unreadable(corpus)
+        if unreadable is not None:
+            return unreadable
+        return UserError(f"{corpus.description} holds text that is not UTF-8 ({root_reason(e)}): convert it to UTF-8")
     if corpus.remote and any(isinstance(x, (ConnectionError, OSError)) for x in chain):
         return UserError(f"cannot load {corpus.description}: {_first_line(e)}; check the dataset name, the network, "
                          f"and HF_DATASETS_OFFLINE/HF_HUB_OFFLINE (a dataset must be downloaded once while online)")
-    return UserError(f"cannot load {corpus.description}: {_first_line(innermost)}")
+    return _unreadable(corpus) or UserError(f"cannot load {corpus.description}: {root_reason(e)}")
 
 
 def first_invalid_utf8(files: list[Path], chunk_bytes: int = 1 << 20) -> tuple[Path, int, int] | None:
