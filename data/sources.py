@@ -122,8 +122,8 @@ class Corpus:
 def _stats(files: list[Path]) -> list[list[Any]]:
     """[name, size, content hash] per file: what tells a changed corpus from the same one.
 
-    The hash is a sha256 of the file's every byte, read in 1 MiB chunks (benchmarks/RESULTS.md: about 0.1 s per
-    100 MB here, at the speed of the page cache), so any edit, anywhere, is a changed corpus. No path and no
+    The hash is a sha256 of the file's every byte, read in 1 MiB chunks (benchmarks/RESULTS.md: 0.16 s per
+    100 MB on a shared 2-core machine, from the page cache), so any edit, anywhere, is a changed corpus. No path and no
     modification time: the same bytes give the same entries wherever they lie and however they were copied
     (tinyshakespeare in another data folder is the same corpus; local text files are also named by their paths,
     in the corpus's identity). Folders prepared when this held a hash of the first and last MiB only carry other
