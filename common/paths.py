@@ -61,12 +61,12 @@ def path_argument(setting: str) -> Callable[[str], Path]:
 def _marks(folder: Path, model_files: bool = True) -> str | None:
     """Why `folder` is a run or model folder, or None; model_files=False: a run's marks only."""
     if (folder / RUN_LOCK).exists():
-        return f"it holds {RUN_LOCK}, the lock of a training run"
+        return f"it holds {RUN_LOCK}, a training run's lock"
     if (folder / RUN_CONFIG).is_file() and any((folder / name).is_dir() for name in CHECKPOINT_NAMES):
-        return f"it holds a run's {RUN_CONFIG} and checkpoints"
+        return f"it holds a run's {RUN_CONFIG} beside its checkpoints"
     for name in MODEL_FILES if model_files else ():
         if (folder / name).exists():
-            return f"it holds {name}: a checkpoint or model folder"
+            return f"it holds {name}"
     return None
 
 
@@ -101,6 +101,6 @@ def check_outside_runs(path: str | Path, what: str, fix: str, own_mark: str | No
     if found is None:
         return
     folder, reason = found
-    where = "is" if folder == Path(path).expanduser().resolve() else "lies inside"
-    raise UserError(f"{what} '{path}' {where} the run or model folder '{folder}' ({reason}), and a reader "
-                    f"never writes into one: {fix}")
+    where = ("is a run or model folder" if folder == Path(path).expanduser().resolve()
+             else f"lies inside the run or model folder '{folder}'")
+    raise UserError(f"{what} '{path}' {where} ({reason}), and a reader never writes into one: {fix}")
