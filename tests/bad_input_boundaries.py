@@ -102,3 +102,56 @@ def boundary_cases(Case: Any, TRAIN: tuple[str, ...], RESUME: tuple[str, ...]) -
              (*hub_jsonl, "data.streaming=true", "data.num_proc=2"),
              ("bad.jsonl' is not a readable json file (line 1 is not JSON",), files=jsonl),
     ]
+
+
+# the rules these cases hold to, for docs/bad_inputs.md (tests/bad_input_cases.py renders them after its intro)
+RULES_DOC = [
+    "## The rules at the boundaries",
+    "",
+    "Each is written once, where the data enters, and tested on generated inputs as well as the cases below.",
+    "",
+    "- **Where a command that reads a run may write** (`common/paths.py`). `sample.py --dump-dir` and `convert.py`'s "
+    "`OUT_DIR` are refused, in one line, inside a run or a model folder: one that holds (itself, or a folder above "
+    "it; symbolic links followed) `.train.lock`, a `config.yaml` beside `latest/` or `best/`, or a checkpoint's or "
+    "model's files (`model.safetensors`, `model.safetensors.index.json`, `train_state.pt`, `fsdp_state.pt`). "
+    "`convert.py --force` replaces only a folder convert.py wrote itself (it holds `.attngpt-convert.json` and no "
+    "subfolder), and never the source of the conversion, a folder inside it or one holding it. Tests: "
+    "`test_write_boundaries.py`.",
+    "- **What an override's text means** (`common/config_io.py`: `parse_override`). For a setting that takes a "
+    "string (`out_dir`, the data paths and names, `device`, `train.init_from`, `wandb.*`, `attn.probe_text`, the "
+    "choices such as `dtype`) the value is the literal text: `out_dir=runs/exp #2` is the folder `runs/exp #2`, and "
+    "quotes are part of the text. An empty value, `null`, `Null`, `NULL` and `~` are null for every key: "
+    "`attn.probe_text=null` is None (a probe text that is the word null goes in the config file, quoted), and a "
+    "setting that needs a string refuses null. `data.path` and `data.data_files` read a YAML list when the text "
+    "starts with `[`; `train.compile` reads true and false. Every other setting is read as YAML, and refused, "
+    "naming the key, when YAML would drop part of the text (a comment, `#...`) or fold a line break into a space. "
+    "A key that is not a setting keeps its text and is refused by name. `python -m data.prepare` reads only the "
+    "overrides of `data.*` and `model.block_size`. Tests: `test_override_text.py`.",
+    "- **`~` is the home folder** in every path setting, from the config file or an override: `out_dir`, "
+    "`data.path`, `data.data_files`, `data.name` (a local dataset folder), `train.init_from`; and in the config "
+    "path and the path flags of sample.py and convert.py. The command a finished run prints to sample it is "
+    "shell-quoted.",
+    "- **Symbolic links in a run.** `out_dir` may be a link, and so may `out_dir/attn` (heatmaps and `stats.csv` go "
+    "where it points). `latest/` and `best/` (and `.latest.tmp`, `.latest.old`, ...) may not: every save renames "
+    "the folder aside and a new one into its place, so a run refuses such a link at its start, before any "
+    "training, naming it.",
+    "- **What the prepare fingerprint compares** (`data/prepare.py`, `data/sources.py`). For each local file of the "
+    "corpus: its name, size and the sha256 of every byte (0.16 s per 100 MB on a 2-core machine: "
+    "`benchmarks/fingerprint_cost.py`); the corpus's identity (local text files by their absolute paths, a hub "
+    "dataset by its name, config, split, column, data_files and max_docs), the tokenizer, the split settings and "
+    "the token format's version. An edit anywhere in a local file prepares the data again. Not compared: a hub "
+    "dataset's content (pass `--force` after it changed), and the shards of a prepared folder, which are checked "
+    "for their recorded lengths and for ids inside the vocabulary (every id of a small folder, a sample of a large "
+    "one, and every batch the loader draws: `data/shards.py`), not hashed: an edit of a shard that keeps its ids "
+    "inside the vocabulary is not seen (`--force` prepares again). Folders fingerprinted when only the first "
+    "and last MiB of each file were hashed are prepared again, once. Tests: `test_prepare_fingerprint.py`.",
+    "- **A corpus file that is not what its format says** (`data/file_formats.py`). After a failed read, each local "
+    "parquet, json, csv, text or arrow file is opened with its format's reader and the first one refused is named "
+    "with the reason, in one line, streamed or not and with any `data.num_proc` (a worker's traceback is "
+    "unwrapped to its last line). Tests: `test_corpus_formats.py`.",
+    "- **Sampling memory** (`model/memory.py`: `generation_bytes`). Before generating, sample.py checks a lower "
+    "bound of what its `--num-samples` need against the device's memory, with the KV cache (the cache, the "
+    "prefill) or without it (`--no-kv-cache`: the whole window's activations at every step). Tests: "
+    "`test_generation_memory.py`.",
+    "",
+]

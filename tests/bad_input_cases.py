@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tests.bad_input_boundaries import BOUNDARY_DAMAGE, boundary_cases
+from tests.bad_input_boundaries import BOUNDARY_DAMAGE, RULES_DOC, boundary_cases
 from tests.bad_input_hf import hf_cases
 from tests.bad_input_trust import MORE_DAMAGE, more_cases
 from tests.helpers import Plant
@@ -303,6 +303,7 @@ def render_markdown() -> str:
         "file, and that file must not exist afterwards. Loading reads weights with safetensors, configs as "
         "JSON and the training state with `torch.load(weights_only=True)`.",
         "",
+        *RULES_DOC,
     ]
     for prog, command in COMMANDS.items():
         lines += [f"## `{command}`", "", "| # | kind | bad input | command | exit | says |",
