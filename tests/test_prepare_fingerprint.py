@@ -19,7 +19,9 @@ from common.config_io import from_dict
 from common.errors import UserError
 from data.config import DataConfig
 from data.prepare import META_FILE, fingerprint, prepare_data
-from data.sources import content_hash, resolve_corpus
+from data.sources import content_hash, resolve_corpus, sampled_file_stats
+from tests.helpers import assert_one_line_error
+from tests.test_data_sharded import run_read_only, snapshot
 
 
 def text_config(path: Path) -> DataConfig:
@@ -75,7 +77,9 @@ def _old_stats(files: list[Path]) -> list[list]:
     return out
 
 
-def test_a_folder_fingerprinted_the_older_way_is_prepared_again_once(tmp_path, monkeypatch):
+def _make_old_style(tmp_path: Path, monkeypatch) -> tuple[DataConfig, Path, object, str]:
+    """A prepared folder whose meta.json fingerprints its corpus the older way; (config, corpus, the folder, the
+    fingerprint a prepare computes now)."""
     monkeypatch.setenv("ATTNGPT_DATA_DIR", str(tmp_path / "data"))
     path = tmp_path / "corpus.txt"
     path.write_text(corpus_text(20_000), encoding="utf-8")
@@ -85,13 +89,36 @@ def test_a_folder_fingerprinted_the_older_way_is_prepared_again_once(tmp_path, m
     _, fp_now = fingerprint(cfg, corpus)
     settings_part = {"format_version": 1, "corpus": corpus.identity, "tokenizer": "char", "val_fraction": 0.1}
     assert content_hash({**settings_part, "files": corpus.file_stats}) == fp_now  # the recipe this test copies
+    assert sampled_file_stats([path]) == _old_stats([path])
     meta = json.loads((prepared.dir / META_FILE).read_text())
     meta["fingerprint"], meta["files"] = content_hash({**settings_part, "files": _old_stats([path])}), _old_stats([path])
     (prepared.dir / META_FILE).write_text(json.dumps(meta))
+    return cfg, path, prepared, fp_now
+
+
+def test_a_folder_fingerprinted_the_older_way_is_prepared_again_once(tmp_path, monkeypatch):
+    cfg, path, prepared, fp_now = _make_old_style(tmp_path, monkeypatch)
     again = prepare_data(cfg, quiet=True)
     assert not again.reused and again.dir == prepared.dir and again.meta["fingerprint"] == fp_now
     assert decoded(again) == path.read_text(encoding="utf-8")
     assert prepare_data(cfg, quiet=True).reused
+
+
+def test_on_a_read_only_mount_a_folder_fingerprinted_the_older_way_is_used_with_a_warning(tmp_path, monkeypatch):
+    cfg, path, prepared, _ = _make_old_style(tmp_path, monkeypatch)
+    data_dir = tmp_path / "data"
+    for lock in (data_dir / "prepared").glob("*.lock"):
+        lock.unlink()
+    before = snapshot(data_dir)
+    args = ["-m", "data.prepare", "configs/tiny.yaml", "data.source=text", f"data.path={path}"]
+    proc = run_read_only(data_dir, args, {"ATTNGPT_DATA_DIR": str(data_dir)})
+    assert proc.returncode == 0 and "reused" in proc.stdout, proc.stderr[-2000:]
+    assert "only the first and last MiB of each file were compared" in proc.stderr
+    assert snapshot(data_dir) == before
+    path.write_text(path.read_text(encoding="utf-8")[:-1] + "#", encoding="utf-8")  # now they differ there too
+    proc = run_read_only(data_dir, args, {"ATTNGPT_DATA_DIR": str(data_dir)})
+    assert_one_line_error(proc, "data.prepare", "the data folder is not writable")
+    assert snapshot(data_dir) == before
 
 
 # --- generated damage -----------------------------------------------------------------------------------------
