@@ -144,7 +144,8 @@ RULES_DOC = [
     "for their recorded lengths and for ids inside the vocabulary (every id of a small folder, a sample of a large "
     "one, and every batch the loader draws: `data/shards.py`), not hashed: an edit of a shard that keeps its ids "
     "inside the vocabulary is not seen (`--force` prepares again). Folders fingerprinted when only the first "
-    "and last MiB of each file were hashed are prepared again, once. Tests: `test_prepare_fingerprint.py`.",
+    "and last MiB of each file were hashed are prepared again, once (where the data folder is not writable, one "
+    "whose files match by those MiB is used as it is, with a warning). Tests: `test_prepare_fingerprint.py`.",
     "- **A corpus file that is not what its format says** (`data/file_formats.py`). After a failed read, each local "
     "parquet, json, csv, text or arrow file is opened with its format's reader and the first one refused is named "
     "with the reason, in one line, streamed or not and with any `data.num_proc` (a worker's traceback is "
