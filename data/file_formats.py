@@ -18,7 +18,8 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from data.sources import LOCAL_BUILDERS, Corpus, first_invalid_utf8
+from data.source_errors import first_invalid_utf8
+from data.sources import LOCAL_BUILDERS, Corpus
 
 EXTENSIONS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv", ".txt": "text",
               ".arrow": "arrow"}

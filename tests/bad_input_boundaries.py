@@ -117,7 +117,7 @@ RULES_DOC = [
     "`convert.py --force` replaces only a folder convert.py wrote itself (it holds `.attngpt-convert.json` and no "
     "subfolder), and never the source of the conversion, a folder inside it or one holding it. Tests: "
     "`test_write_boundaries.py`.",
-    "- **What an override's text means** (`common/config_io.py`: `parse_override`). For a setting that takes a "
+    "- **What an override's text means** (`common/overrides.py`). For a setting that takes a "
     "string (`out_dir`, the data paths and names, `device`, `train.init_from`, `wandb.*`, `attn.probe_text`, the "
     "choices such as `dtype`) the value is the literal text: `out_dir=runs/exp #2` is the folder `runs/exp #2`, and "
     "quotes are part of the text. An empty value, `null`, `Null`, `NULL` and `~` are null for every key: "
@@ -146,7 +146,7 @@ RULES_DOC = [
     "inside the vocabulary is not seen (`--force` prepares again). Folders fingerprinted when only the first "
     "and last MiB of each file were hashed are prepared again, once (where the data folder is not writable, one "
     "whose files match by those MiB is used as it is, with a warning). Tests: `test_prepare_fingerprint.py`.",
-    "- **A corpus file that is not what its format says** (`data/file_formats.py`). After a failed read, each local "
+    "- **A corpus file that is not what its format says** (`data/file_formats.py`, `data/source_errors.py`). After a failed read, each local "
     "parquet, json, csv, text or arrow file is opened with its format's reader and the first one refused is named "
     "with the reason, in one line, streamed or not and with any `data.num_proc` (a worker's traceback is "
     "unwrapped to its last line). Tests: `test_corpus_formats.py`.",

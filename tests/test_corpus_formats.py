@@ -15,7 +15,8 @@ from common.errors import UserError
 from data.config import DataConfig
 from data.file_formats import unreadable_file
 from data.prepare import prepare_data
-from data.sources import resolve_corpus, root_reason
+from data.source_errors import root_reason
+from data.sources import resolve_corpus
 
 DOCS = [f"document {i}: a few words" for i in range(30)]
 
