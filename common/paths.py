@@ -12,7 +12,8 @@ its training process writes.
 `enclosing_run(path)`          the run or model folder that `path` lies in (the folder itself or one above it),
                                and why it is one; None when it lies in none. What marks such a folder:
                                  - `.train.lock` (a training run's lock: training/run_lock.py);
-                                 - `config.yaml` beside `latest/` or `best/` (a run's out_dir);
+                                 - `config.yaml` beside a `latest/` or `best/` that holds `model.safetensors`
+                                   (a run's out_dir copied without its lock);
                                  - a checkpoint's or model's files: `model.safetensors` (or its sharded index),
                                    `train_state.pt`, `fsdp_state.pt` -- a run's `latest/` and `best/`, a folder
                                    convert.py wrote, a Hugging Face model folder.
@@ -62,7 +63,8 @@ def _marks(folder: Path, model_files: bool = True) -> str | None:
     """Why `folder` is a run or model folder, or None; model_files=False: a run's marks only."""
     if (folder / RUN_LOCK).exists():
         return f"it holds {RUN_LOCK}, a training run's lock"
-    if (folder / RUN_CONFIG).is_file() and any((folder / name).is_dir() for name in CHECKPOINT_NAMES):
+    weights = MODEL_FILES[0]
+    if (folder / RUN_CONFIG).is_file() and any((folder / name / weights).is_file() for name in CHECKPOINT_NAMES):
         return f"it holds a run's {RUN_CONFIG} beside its checkpoints"
     for name in MODEL_FILES if model_files else ():
         if (folder / name).exists():

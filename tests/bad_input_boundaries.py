@@ -112,7 +112,7 @@ RULES_DOC = [
     "",
     "- **Where a command that reads a run may write** (`common/paths.py`). `sample.py --dump-dir` and `convert.py`'s "
     "`OUT_DIR` are refused, in one line, inside a run or a model folder: one that holds (itself, or a folder above "
-    "it; symbolic links followed) `.train.lock`, a `config.yaml` beside `latest/` or `best/`, or a checkpoint's or "
+    "it; symbolic links followed) `.train.lock`, a `config.yaml` beside a `latest/` or `best/` holding weights, or a checkpoint's or "
     "model's files (`model.safetensors`, `model.safetensors.index.json`, `train_state.pt`, `fsdp_state.pt`). "
     "`convert.py --force` replaces only a folder convert.py wrote itself (it holds `.attngpt-convert.json` and no "
     "subfolder), and never the source of the conversion, a folder inside it or one holding it. Tests: "

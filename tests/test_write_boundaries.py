@@ -62,10 +62,12 @@ def contents(marks: dict, folder: tuple[str, ...]) -> set[str]:
     return files | {p[-1] + "/" for p in marks if len(p) == len(folder) + 1 and p[:len(folder)] == folder}
 
 
-def marking(held: set[str]) -> bool:
-    """The rule, read from the module doc: a lock, a run's config beside a checkpoint folder, or model files."""
-    return (RUN_LOCK in held or (RUN_CONFIG in held and bool({"latest/", "best/"} & held))
-            or bool(set(MODEL_FILES) & held))
+def marking(marks: dict, folder: tuple[str, ...], held: set[str]) -> bool:
+    """The rule, read from the module doc: a lock, a run's config beside a checkpoint folder with weights, or
+    model files."""
+    weights_below = any("model.safetensors" in contents(marks, (*folder, name)) for name in ("latest", "best")
+                        if f"{name}/" in held)
+    return RUN_LOCK in held or (RUN_CONFIG in held and weights_below) or bool(set(MODEL_FILES) & held)
 
 
 def expected_enclosing(marks: dict, target: tuple[str, ...], own: bool) -> tuple[str, ...] | None:
@@ -77,7 +79,7 @@ def expected_enclosing(marks: dict, target: tuple[str, ...], own: bool) -> tuple
         held = contents(marks, folder)
         if own and k == len(target) and CONVERT_MARK in held and not any(e.endswith("/") for e in held):
             held = held - set(MODEL_FILES)
-        if marking(held):
+        if marking(marks, folder, held):
             return folder
     return None
 
