@@ -10,8 +10,11 @@
 Loading reads only safetensors and JSON: nothing from the checkpoint is unpickled or executed, and nothing
 in the run's folder is written, renamed or deleted (a training run may be saving into it meanwhile: the
 checkpoint is read again if a save swapped it away mid-read). Attention dumps go to --dump-dir, by default
-./attn_dump, never into the run. A --prompt-file is read up to PROMPT_FILE_LIMIT bytes (1 MB; the model sees
-at most block_size tokens of it anyway).
+./attn_dump, never into a run or a model folder (common/paths.py: one holding .train.lock, a run's config.yaml
+beside its checkpoints, or a checkpoint's or model's weights; refused in one line, before the model is built).
+The memory that generating the --num-samples at once needs is checked before any of it is allocated, with the
+KV cache or without (model/memory.py: generation_bytes). A --prompt-file is read up to PROMPT_FILE_LIMIT
+bytes (1 MB; the model sees at most block_size tokens of it anyway). `~` in a path flag is the home folder.
 Decisions: an empty prompt starts from a newline (char) or <|endoftext|> (BPE); characters that a
 char-level vocabulary lacks are refused, naming them; a prompt longer than block_size keeps its last
 block_size tokens, with a warning; a prompt may start with a dash (`--prompt "- item"`).
@@ -25,6 +28,7 @@ import time
 from pathlib import Path
 
 from common.errors import ArgumentParser, UserError, user_errors_exit
+from common.paths import path_argument
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "small.yaml"
 PROMPT_FILE_LIMIT = 1_000_000  # bytes: far more than any block_size of text, far less than memory
@@ -55,7 +59,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                 "or hub id, e.g. gpt2 (default: configs/small.yaml's out_dir)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default="", help="text to continue (default: empty, see module doc)")
-    src.add_argument("--prompt-file", type=Path, help="read the prompt from this UTF-8 file (at most 1 MB)")
+    src.add_argument("--prompt-file", type=path_argument("--prompt-file"), help="read the prompt from this UTF-8 file (at most 1 MB)")
     p.add_argument("--num-samples", type=int, default=1, help="samples drawn in one batch")
     p.add_argument("--max-new-tokens", type=int, default=500)
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
@@ -68,8 +72,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true", help="compile the decode step (torch.compile; CUDA graphs on a "
                                                           "GPU): faster per token after a one-time compile")
     p.add_argument("--dump-attn", metavar="SPEC", help="attention maps over the prompt: all | 0,2 | 1:3,0:1")
-    p.add_argument("--dump-dir", type=Path, help="where --dump-attn writes (default: ./attn_dump; for a Hugging "
-                                                 "Face model ./attn_dump/<name>; never inside a run)")
+    p.add_argument("--dump-dir", type=path_argument("--dump-dir"),
+                   help="where --dump-attn writes (default: ./attn_dump; for a Hugging Face model ./attn_dump/<name>; "
+                        "never inside a run or model folder)")
     argv = sys.argv[1:] if argv is None else list(argv)
     return p.parse_args(attach_dash_prompt(argv, p))
 
@@ -128,8 +133,9 @@ def run(args: argparse.Namespace) -> int:
     """Load the checkpoint, generate and print the samples, dump attention maps: flags already checked."""
     import torch
     from common.device import resolve_device
+    from common.paths import check_outside_runs
     from insight.dump import dump_internals, parse_layer_heads
-    from model.memory import device_memory, human_bytes, kv_cache_bytes
+    from model.memory import device_memory, generation_bytes, human_bytes, param_count
     from model.generate import generate
     from pretrained.load import open_pretrained
 
@@ -140,20 +146,28 @@ def run(args: argparse.Namespace) -> int:
     prompt = read_prompt_file(args.prompt_file) if args.prompt_file is not None else args.prompt
     # an attngpt checkpoint or run, a Hugging Face folder or a hub id (converted in memory)
     source = open_pretrained(args.ckpt or str(default_checkpoint()), hub=args.ckpt is not None)
-    model = source.build(device=device, dtype=dtype)
-    tokenizer = source.tokenizer
-    cfg = model.config
-    if not args.no_kv_cache:
-        cache = kv_cache_bytes(cfg, args.num_samples, dtype.itemsize)
-        if cache > device_memory(device):
-            raise UserError(f"not enough memory on {device} for {args.num_samples} sample(s) at once: their KV "
-                            f"cache would need {human_bytes(cache)}, the device has "
-                            f"{human_bytes(device_memory(device))}: lower --num-samples")
+    tokenizer, cfg = source.tokenizer, source.config
     ids = tokenizer.prompt_ids(prompt)
     if len(ids) > cfg.block_size:
         print(f"warning: the prompt has {len(ids)} tokens; the model sees at most block_size={cfg.block_size}, "
               f"so only its last {cfg.block_size} are used", file=sys.stderr)
         ids = ids[-cfg.block_size:]
+    dump_dir = None
+    if args.dump_attn is not None:  # a dump never goes into a run or model folder (a reader never writes there)
+        dump_dir = args.dump_dir or source.default_dump_dir()
+        check_outside_runs(dump_dir, "--dump-dir", "pass --dump-dir a folder outside it (the default is ./attn_dump)")
+    model = source.build(device=device, dtype=dtype)  # refuses a model that cannot fit before building it
+    cfg = model.config
+    # what generating allocates, with the cache or without (then every step runs the whole window), before any
+    # of it is: N samples at once can need far more than the model
+    needed = param_count(cfg) * dtype.itemsize + generation_bytes(
+        cfg, args.num_samples, len(ids), args.max_new_tokens, dtype.itemsize, kv_cache=not args.no_kv_cache)
+    if needed > device_memory(device):
+        what = ("the model and its KV cache" if not args.no_kv_cache
+                else "the model and the activations of the whole window at every step (--no-kv-cache)")
+        raise UserError(f"not enough memory on {device} for {args.num_samples} sample(s) at once: {what} would "
+                        f"need at least {human_bytes(needed)}, the device has {human_bytes(device_memory(device))}: "
+                        f"lower --num-samples or --max-new-tokens")
     idx = torch.tensor([ids], dtype=torch.long, device=device)
 
     if args.dump_attn is not None:  # an empty spec is an error, not "no dump"
@@ -162,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as e:
             raise UserError(f"--dump-attn: {e}") from None
         internals = model.attention_internals(idx, layers=sorted(heads))  # weights, q, k, v, W_O
-        out_dir = args.dump_dir or source.default_dump_dir()
+        out_dir = dump_dir
         try:
             written = dump_internals(internals, heads, tokenizer.token_strings(ids), out_dir, token_ids=ids,
                                      title=f"attention of {source.label}", n_layer=cfg.n_layer)

@@ -6,6 +6,7 @@ Under `torchrun --nproc_per_node=N train.py CONFIG` each process runs this same 
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import sys
 
@@ -96,7 +97,7 @@ def _main(args) -> int:
             print(f"done: {result.step} steps in {result.train_seconds:.0f}s (attention snapshots {result.attn_seconds:.1f}s, "
                   f"{share:.1f}%), best val loss {result.best_val:.4f}; checkpoints in "
                   f"{result.out_dir}/best and {result.out_dir}/latest. Sample with: "
-                  f"python sample.py --ckpt {result.out_dir} --prompt \"...\"")
+                  f"python sample.py --ckpt {shlex.quote(str(result.out_dir))} --prompt \"...\"")
     return 0
 
 

@@ -2,7 +2,11 @@
 
 Every value is checked against the dataclass field's annotation; an unknown key names itself and the
 closest valid key; a wrong type says which key, what it got and what it wants. All of it raises
-`UserError`, so a command line prints one line and exits 2.
+`UserError`, so a command line prints one line and exits 2. Dotted overrides (`key=value` on a command line)
+are read in common/overrides.py.
+
+Fields marked as paths (`field(metadata=PATH)`) have `~` expanded when the config is built, wherever the value
+came from (common/paths.py: expand_path).
 """
 from __future__ import annotations
 
@@ -17,6 +21,9 @@ from typing import Any, Union
 import yaml
 
 from common.errors import UserError
+from common.paths import expand_path
+
+PATH = {"path": True}  # dataclass field metadata: the value is a path (or a list of paths): `~` is expanded
 
 
 def closest(name: str, choices: list[str], prefix: str = "") -> str:
@@ -60,7 +67,10 @@ def parse_yaml(text: str) -> Any:
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping; a missing, oversized or unreadable file, a syntax error or a duplicate key becomes
     one clear line."""
-    p = Path(path)
+    p = Path(expand_path(str(path), "the config file's path"))
+    if p.is_dir():
+        raise UserError(f"config file '{path}' is a directory: pass the path to a YAML file in it, e.g. "
+                        f"configs/small.yaml")
     if not p.is_file():
         raise UserError(f"config file '{path}' not found: pass the path to a YAML file, e.g. configs/small.yaml")
     try:
@@ -117,49 +127,6 @@ def check_shape(value: Any, what: str) -> None:
             stack.extend((child, depth + 1) for child in node)
 
 
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """'train.max_iters=200' -> (['train', 'max_iters'], 200). The value is parsed as YAML."""
-    if "=" not in text:
-        raise UserError(f"override '{text}' must look like section.key=value, e.g. train.max_iters=200")
-    key, _, raw = text.partition("=")
-    key = key.strip()
-    if not key or any(not part for part in key.split(".")):
-        raise UserError(f"override '{text}' has an empty key: write section.key=value, e.g. train.max_iters=200")
-    try:
-        value = parse_yaml(raw) if raw.strip() else None
-    except DuplicateKeyError as e:
-        raise UserError(f"override '{key}': {e}") from None
-    except (yaml.YAMLError, RecursionError):  # RecursionError: brackets nested thousands deep
-        value = raw  # not YAML: keep it as the literal string, the type check decides
-    check_shape(value, f"the value of override '{key}'")
-    return key.split("."), value
-
-
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Set each dotted key in a copy of the nested mapping (sections are created when missing)."""
-    out = _deep_copy(raw)
-    for text in overrides:
-        path, value = parse_override(text)
-        node = out
-        for part in path[:-1]:
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                raise UserError(f"override '{text}': '{part}' is a value, not a section")
-            node = child
-        node[path[-1]] = value
-    return out
-
-
-def _deep_copy(d: Any) -> Any:
-    if isinstance(d, dict):
-        return {k: _deep_copy(v) for k, v in d.items()}
-    if isinstance(d, list):
-        return [_deep_copy(v) for v in d]
-    return d
-
-
 def from_dict(cls: type, raw: Any, where: str = "") -> Any:
     """Build dataclass `cls` from a mapping, checking keys and value types recursively.
 
@@ -177,10 +144,21 @@ def from_dict(cls: type, raw: Any, where: str = "") -> Any:
         if not isinstance(key, str) or key not in fields:
             raise UserError(f"unknown config key '{where}{key}'{closest(str(key), list(fields), where)}")
         kwargs[key] = coerce(hints[key], value, f"{where}{key}")
+        if fields[key].metadata.get("path"):
+            kwargs[key] = _expanded(kwargs[key], f"{where}{key}")
     try:
         return cls(**kwargs)
     except ValueError as e:
         raise UserError(f"invalid config in '{where.rstrip('.') or 'config'}': {e}") from None
+
+
+def _expanded(value: Any, key: str) -> Any:
+    """A path setting's value (a string or a list of strings) with `~` expanded."""
+    if isinstance(value, str):
+        return expand_path(value, f"'{key}'")
+    if isinstance(value, list):
+        return [expand_path(v, f"'{key}'") if isinstance(v, str) else v for v in value]
+    return value
 
 
 def coerce(annotation: Any, value: Any, key: str) -> Any:
@@ -286,5 +264,7 @@ def _type_name(annotation: Any) -> str:
 
 def load_config(cls: type, path: str | Path, overrides: list[str] | None = None) -> Any:
     """YAML file + dotted overrides -> validated dataclass instance."""
-    raw = apply_overrides(load_yaml(path), overrides or [])
+    from common.overrides import apply_overrides  # it reads YAML with this module's loader
+
+    raw = apply_overrides(load_yaml(path), overrides or [], cls)
     return from_dict(cls, raw)

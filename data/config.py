@@ -16,8 +16,10 @@ Three kinds of source:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
+
+from common.config_io import PATH
 
 from data.tokenizer import check_tokenizer_name
 
@@ -29,13 +31,13 @@ class DataConfig:
     # tinyshakespeare | text (local text files in `path`) | hub (a `datasets` dataset named `name`)
     source: Literal["tinyshakespeare", "text", "hub"] = "tinyshakespeare"
     # source text: a text file, a folder of text files, or a list of files (read as one text, like `cat`)
-    path: str | list[str] | None = None
+    path: str | list[str] | None = field(default=None, metadata=PATH)
     # source hub: dataset name on the hub (e.g. roneneldan/TinyStories) or a builder: parquet, json, csv, text
-    name: str | None = None
+    name: str | None = field(default=None, metadata=PATH)  # a local dataset folder may start with ~
     # source hub: the dataset's configuration (subset) name, if it has several
     config_name: str | None = None
     # source hub: files for a builder name (local paths or URLs), or a subset of a hub dataset's files
-    data_files: str | list[str] | None = None
+    data_files: str | list[str] | None = field(default=None, metadata=PATH)
     # source hub: which split of the dataset to read (our own train/val split is made from it)
     split: str = "train"
     # source hub: the column that holds each document's text

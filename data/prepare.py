@@ -5,10 +5,15 @@ at any point, and training must never read half-written shards. So meta.json is 
 file, fsync, rename); meta.json with a matching fingerprint is the one sign of a complete prepare, and a
 folder without it is resumed (document corpora, data/sharded.py) or redone (a continuous text).
 
-The fingerprint covers the source's identity, the name, size and a hash of the first and last MiB of each
-of its local files (data/sources.py: not paths or modification times, so a copied data folder is still
-recognised), the tokenizer, the split settings and TOKENS_VERSION (not num_proc or streaming: they do not
-change the tokens). A hub dataset's content is not fingerprinted: pass `--force` after it changed.
+The fingerprint covers the source's identity (for local text files their absolute paths; for a hub
+dataset its name, config, split, column, data_files and max_docs), the name, size and sha256 of every byte of
+each of its local files (data/sources.py: not modification times, so a copied data folder is still recognised
+when its paths stay the same), the tokenizer, the split settings and TOKENS_VERSION (not num_proc or
+streaming: they do not change the tokens). An edit anywhere in a local file is a changed corpus, and its
+folder is prepared again (also a folder prepared when only the first and last MiB of each file were hashed:
+once; where the data folder is not writable, such a folder whose files match by those MiB is used as it is,
+with a warning). A hub dataset's content is not fingerprinted (only what names it): pass `--force`
+after it changed.
 
 One writer, any number of readers. A complete, up-to-date folder is opened read-only (data/prepared.py:
 no lock, nothing written, so it works on a read-only mount); only when it must be (re)made does a
@@ -33,13 +38,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from common.config_io import apply_overrides, coerce, from_dict, load_yaml
+from common.config_io import coerce, from_dict, load_yaml
+from common.overrides import apply_overrides
 from common.errors import ArgumentParser, UserError, user_errors_exit
 from data.config import DataConfig
 from data.pipeline import bin_dtype, datasets_progress, write_text_shards
 from data.prepared import LAYOUT_VERSION, META_FILE, SPLITS, PreparedData, load_prepared  # noqa: F401 (re-exported)
 from data.sharded import WORK, encode_documents_sharded, read_plan, start_over, write_json_atomic
-from data.sources import DATA_DIR_ENV, Corpus, content_hash, slugify, data_dir, load_rows, resolve_corpus
+from data.sources import (DATA_DIR_ENV, Corpus, content_hash, data_dir, load_rows, resolve_corpus,
+                          sampled_file_stats, slugify)
 from data.splitting import text_split_point
 from data.tokenizer import CharTokenizer, TiktokenTokenizer, Tokenizer, stored_tokenizer
 
@@ -64,14 +71,15 @@ def tokenizer_identity(tok: Tokenizer) -> str:
     return "hf-" + tok.to_json()["sha256"][:16]
 
 
-def fingerprint(cfg: DataConfig, corpus: Corpus, tokenizer: Tokenizer | None = None) -> tuple[str, str]:
+def fingerprint(cfg: DataConfig, corpus: Corpus, tokenizer: Tokenizer | None = None,
+                files: list[list[Any]] | None = None) -> tuple[str, str]:
     """(folder name, fingerprint): the folder is fixed by the settings, the fingerprint adds the local
-    files' names, sizes and sampled hashes."""
+    files' names, sizes and content hashes (or `files`, entries of another kind)."""
     name = tokenizer_identity(tokenizer) if tokenizer is not None else cfg.tokenizer
     settings = {"format_version": TOKENS_VERSION, "corpus": corpus.identity, "tokenizer": name,
                 "val_fraction": cfg.val_fraction}
     folder = f"{corpus.label}-{slugify(name)}-{content_hash(settings)[:10]}"
-    return folder, content_hash({**settings, "files": corpus.file_stats})
+    return folder, content_hash({**settings, "files": corpus.file_stats if files is None else files})
 
 
 def prepare_data(cfg: DataConfig, *, block_size: int | None = None, quiet: bool = False,
@@ -86,6 +94,8 @@ def prepare_data(cfg: DataConfig, *, block_size: int | None = None, quiet: bool 
     folder, fp = fingerprint(cfg, corpus, tokenizer)
     out_dir = prepared_root() / folder
     prepared, unusable = (None, None) if force else _reusable(out_dir, fp)  # a reader's look: nothing written
+    if prepared is None and unusable is None and not force and not os.access(prepared_root(), os.W_OK):
+        prepared = _reusable_as_sampled(cfg, corpus, tokenizer, out_dir, quiet)
     if prepared is None:
         with _exclusive(out_dir, quiet, unusable):
             prepared, unusable = (None, None) if force else _reusable(out_dir, fp)  # made meanwhile by another?
@@ -119,6 +129,19 @@ def _reusable(out_dir: Path, fp: str) -> tuple[PreparedData | None, str | None]:
         return None, None
     prepared.reused = True
     return prepared, None
+
+
+def _reusable_as_sampled(cfg: DataConfig, corpus: Corpus, tokenizer: Tokenizer | None, out_dir: Path,
+                         quiet: bool) -> PreparedData | None:
+    """Where the data folder cannot be written (a read-only mount), a folder prepared when the fingerprint
+    hashed only the first and last MiB of each file, and whose files match by that: reused as it is, with a
+    warning (the one writer prepares it again, once, wherever it can write)."""
+    prepared, _ = _reusable(out_dir, fingerprint(cfg, corpus, tokenizer, sampled_file_stats(corpus.local_files))[1])
+    if prepared is not None and not quiet:
+        print(f"warning: {out_dir.name} was prepared when only the first and last MiB of each file were compared, "
+              f"and this data folder is not writable: it is used as it is; run `python -m data.prepare` where it "
+              f"is writable to compare every byte", file=sys.stderr)
+    return prepared
 
 
 def _prepare(cfg: DataConfig, corpus: Corpus, fp: str, out_dir: Path, quiet: bool, force: bool,
@@ -235,9 +258,24 @@ def _exclusive(out_dir: Path, quiet: bool, unusable: str | None = None) -> Itera
 
 # --- command line ---------------------------------------------------------------------------------------
 
+@dataclasses.dataclass
+class _ModelSection:
+    block_size: int | None = None
+
+
+@dataclasses.dataclass
+class _ReadSections:
+    """What data.prepare reads of a run config, the schema its overrides are read with."""
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    model: _ModelSection = dataclasses.field(default_factory=_ModelSection)
+
+
 def read_data_section(config_path: str, overrides: list[str]) -> tuple[DataConfig, int | None]:
-    """The `data:` section as a DataConfig, and `model.block_size` if the file has one (other sections ignored)."""
-    raw = apply_overrides(load_yaml(config_path), overrides)
+    """The `data:` section as a DataConfig, and `model.block_size` if the file has one (other sections, and
+    overrides of other keys, are ignored)."""
+    read = [o for o in overrides if o.partition("=")[0].strip().split(".")[0] == "data"
+            or o.partition("=")[0].strip() == "model.block_size"]
+    raw = apply_overrides(load_yaml(config_path), read, _ReadSections)
     cfg = from_dict(DataConfig, raw.get("data"), "data.")
     model = raw.get("model")
     block_size = None

@@ -1,10 +1,10 @@
 """Where text comes from: the data folder, the tinyshakespeare preset, local text files and `datasets` sources.
 
 Why this module: everything that touches the outside world before tokenization lives here — finding,
-sizing and sampling files (for the prepare fingerprint), the one download we do ourselves, and the single
+sizing and hashing files (for the prepare fingerprint), the one download we do ourselves, and the single
 `datasets.load_dataset(name, config, data_files=..., split=..., streaming=...)` call that reads local text,
-local parquet/json/csv and hub datasets alike — together with turning their many failure modes into one
-`UserError` line.
+local parquet/json/csv and hub datasets alike. Their many failure modes become one `UserError` line in
+data/source_errors.py.
 
 The data folder holds downloads, the `datasets` cache of hub datasets, and prepared bins:
 `data/cache/` next to this file (git-ignored), or `$ATTNGPT_DATA_DIR` when that is set.
@@ -18,12 +18,10 @@ Two shapes of corpus:
       data: {source: hub, name: roneneldan/TinyStories, text_column: text, tokenizer: gpt2}
   and for corpora larger than disk or RAM add `streaming: true` (and perhaps `max_docs: 1000000`).
 
-Text that is not UTF-8 is refused, never silently repaired: the error names the file and the byte offset,
-and the fix is one `iconv` away. (Replacing bytes with U+FFFD would train the model on corruption.)
+Text that is not UTF-8 is refused, never silently repaired (data/source_errors.py).
 """
 from __future__ import annotations
 
-import codecs
 import glob
 import hashlib
 import json
@@ -31,19 +29,19 @@ import os
 import re
 import urllib.error
 import urllib.request
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
 from tqdm import tqdm
 
 from common.errors import UserError
 from data.config import DataConfig
+from data.source_errors import load_errors
 
 DATA_DIR_ENV = "ATTNGPT_DATA_DIR"
 TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
-# `datasets` builders that read local files given in data_files (their names, sizes and sampled hashes go
+# `datasets` builders that read local files given in data_files (their names, sizes and content hashes go
 # in the fingerprint, see _stats)
 LOCAL_BUILDERS = ("parquet", "json", "csv", "text", "arrow")
 
@@ -110,7 +108,7 @@ class Corpus:
     label: str  # short name for the prepared folder, e.g. "tinyshakespeare"
     description: str  # one line for meta.json and messages
     identity: dict[str, Any]  # JSON: which corpus this is (goes into the folder name and the fingerprint)
-    file_stats: list[list[Any]] = field(default_factory=list)  # [name, size, sample hash] of local files
+    file_stats: list[list[Any]] = field(default_factory=list)  # [name, size, content sha256] of local files
     load_kwargs: dict[str, Any] = field(default_factory=dict)  # for datasets.load_dataset
     local_files: list[Path] = field(default_factory=list)  # for UTF-8 diagnosis
     remote: bool = False  # a hub dataset: its download cache is kept in the data folder
@@ -120,25 +118,43 @@ class Corpus:
 
 
 def _stats(files: list[Path]) -> list[list[Any]]:
-    """[name, size, sample hash] per file: what tells a changed corpus from the same one.
+    """[name, size, content hash] per file: what tells a changed corpus from the same one.
 
-    Not the absolute path or the mtime, so a data folder copied to another machine (or re-downloaded
-    unchanged) is recognised and its bins reused; the hash of the first and last MiB catches edits
-    that keep the size, at a cost independent of the corpus size."""
+    The hash is a sha256 of the file's every byte, read in 1 MiB chunks (benchmarks/RESULTS.md: 0.16 s per
+    100 MB on a shared 2-core machine, from the page cache), so any edit, anywhere, is a changed corpus. No path and no
+    modification time: the same bytes give the same entries wherever they lie and however they were copied
+    (tinyshakespeare in another data folder is the same corpus; local text files are also named by their paths,
+    in the corpus's identity). Folders prepared when this held a hash of the first and last MiB only carry other
+    entries: they no longer match, and are prepared again, once."""
     out = []
     for f in files:
         size = f.stat().st_size
-        digest = hashlib.sha256()
+        out.append([f.name, size, file_sha256(f)])
+    return out
+
+
+def sampled_file_stats(files: list[Path]) -> list[list[Any]]:
+    """The entries `_stats` made before it hashed whole files: [name, size, the first 16 hex digits of a sha256
+    of the first and the last MiB]. Only to recognise folders prepared then (data/prepare.py)."""
+    out = []
+    for f in files:
+        size, digest = f.stat().st_size, hashlib.sha256()
         with open(f, "rb") as fh:
-            digest.update(fh.read(_SAMPLE_BYTES))
-            if size > 2 * _SAMPLE_BYTES:
-                fh.seek(size - _SAMPLE_BYTES)
-            digest.update(fh.read(_SAMPLE_BYTES))
+            digest.update(fh.read(1 << 20))
+            if size > 2 << 20:
+                fh.seek(size - (1 << 20))
+            digest.update(fh.read(1 << 20))
         out.append([f.name, size, digest.hexdigest()[:16]])
     return out
 
 
-_SAMPLE_BYTES = 1 << 20
+def file_sha256(path: Path, chunk_bytes: int = 1 << 20) -> str:
+    """The sha256 of a file's whole content, as hex (read a chunk at a time: memory stays at one chunk)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_bytes):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def slugify(text: str) -> str:
@@ -249,76 +265,3 @@ def _column_names(rows: Any) -> list[str]:
         return list(rows.column_names)
     first = next(iter(rows), None)  # a stream whose features are unknown until read
     return list(first) if first is not None else []
-
-
-def _error_chain(e: BaseException) -> list[BaseException]:
-    chain: list[BaseException] = []
-    while e is not None and e not in chain:
-        chain.append(e)
-        e = e.__cause__ or e.__context__  # type: ignore[assignment]
-    return chain
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    text = f"{type(e).__name__}: {text}" if text else type(e).__name__
-    return text if len(text) <= 200 else text[:197] + "..."
-
-
-@contextmanager
-def load_errors(corpus: Corpus) -> Iterator[None]:
-    """Loading a dataset is all user input (names, files, network): every failure becomes one line."""
-    try:
-        yield
-    except UserError:
-        raise
-    except Exception as e:
-        raise _as_user_error(e, corpus) from None
-
-
-@contextmanager
-def read_errors(corpus: Corpus) -> Iterator[None]:
-    """While reading rows: only undecodable bytes and I/O or network failures are the user's to fix."""
-    try:
-        yield
-    except Exception as e:
-        chain = _error_chain(e)
-        if any(isinstance(x, (UnicodeDecodeError, OSError)) for x in chain):
-            raise _as_user_error(e, corpus) from None
-        raise
-
-
-def _as_user_error(e: BaseException, corpus: Corpus) -> UserError:
-    chain = _error_chain(e)
-    if any(isinstance(x, UnicodeDecodeError) for x in chain):
-        bad = first_invalid_utf8(corpus.local_files) if corpus.kind == "text" else None
-        if bad is not None:
-            path, offset, byte = bad
-            return UserError(f"file '{path}' is not UTF-8 text (byte 0x{byte:02x} at offset {offset}): convert it, "
-                             f"e.g. iconv -f latin1 -t utf-8 '{path}' > fixed.txt")
-        return UserError(f"{corpus.description} holds text that is not UTF-8 ({_first_line(e)}): convert it to UTF-8")
-    innermost = chain[-1]
-    if corpus.remote and any(isinstance(x, (ConnectionError, OSError)) for x in chain):
-        return UserError(f"cannot load {corpus.description}: {_first_line(e)}; check the dataset name, the network, "
-                         f"and HF_DATASETS_OFFLINE/HF_HUB_OFFLINE (a dataset must be downloaded once while online)")
-    return UserError(f"cannot load {corpus.description}: {_first_line(innermost)}")
-
-
-def first_invalid_utf8(files: list[Path], chunk_bytes: int = 1 << 20) -> tuple[Path, int, int] | None:
-    """(file, byte offset, byte value) of the first byte that is not valid UTF-8, or None; reads in chunks."""
-    for path in files:
-        decoder = codecs.getincrementaldecoder("utf-8")()
-        offset = 0  # bytes of this file already passed to the decoder
-        with open(path, "rb") as f:
-            while True:
-                chunk = f.read(chunk_bytes)
-                pending = len(decoder.getstate()[0])
-                try:
-                    decoder.decode(chunk, final=not chunk)
-                except UnicodeDecodeError as e:
-                    where = offset - pending + e.start
-                    return path, where, e.object[e.start]
-                if not chunk:
-                    break
-                offset += len(chunk)
-    return None

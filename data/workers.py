@@ -20,6 +20,7 @@ import multiprocessing as mp
 import os
 import queue
 import signal
+import threading
 import traceback
 from typing import Any, Callable, Iterable
 
@@ -30,6 +31,12 @@ POLL_SECONDS = 0.5
 
 def _worker(fn: Callable, tasks: Any, results: Any, common: dict[str, Any], parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and terminates us
+    # tqdm's bars (datasets makes some) share a multiprocessing lock, a named semaphore the resource tracker
+    # records; a worker that is terminated (another one failed) never releases its record, and the tracker then
+    # prints "leaked semaphore" warnings after the run's one-line error. A worker has no children of its own:
+    # a thread lock serves it
+    from tqdm import tqdm
+    tqdm.set_lock(threading.RLock())
     # workers read and encode text: keep `datasets` (imported later, by fn) from importing torch, which
     # costs each worker ~200 MB and seconds of start-up for nothing
     os.environ["USE_TORCH"] = "0"

@@ -3,7 +3,8 @@
 A config is only numbers: `vocab_size: 10**12` in a checkpoint's config.json, or an override with one digit
 too many, would make `GPT(config)` try to allocate terabytes, and die in an allocator (or thrash the machine)
 instead of saying what is wrong. Every loader calls `check_fits_in_memory` first: sample.py, a training run
-(for its weights, gradients and optimizer state), a resume, and the converters.
+(for its weights, gradients and optimizer state), a resume, and the converters; sample.py checks what generating
+its samples allocates (`generation_bytes`, with or without the KV cache) before it allocates any of it.
 """
 from __future__ import annotations
 
@@ -43,11 +44,51 @@ def buffer_bytes(config: ModelConfig) -> int:
     return config.block_size * (config.head_dim // 2) * 8 if config.pos == "rope" else 0
 
 
-def kv_cache_bytes(config: ModelConfig, batch_size: int, dtype_bytes: int = BYTES_FP32) -> int:
+def kv_cache_bytes(config: ModelConfig, batch_size: int, dtype_bytes: int = BYTES_FP32,
+                   max_len: int | None = None) -> int:
     """What generating with a KV cache allocates: keys and values of every layer, (batch_size, n_kv_head,
-    block_size, head_dim) each, and the bool causal table (block_size, block_size)."""
-    kv = 2 * config.n_layer * batch_size * config.n_kv_head * config.block_size * config.head_dim * dtype_bytes
-    return kv + config.block_size ** 2
+    max_len, head_dim) each, and the bool causal table (max_len, max_len); max_len None: block_size."""
+    max_len = config.block_size if max_len is None else max_len
+    kv = 2 * config.n_layer * batch_size * config.n_kv_head * max_len * config.head_dim * dtype_bytes
+    return kv + max_len ** 2
+
+
+def forward_bytes(config: ModelConfig, batch_size: int, length: int, dtype_bytes: int = BYTES_FP32) -> int:
+    """A lower bound on the peak of one no-grad forward pass over (batch_size, length) tokens: the tensors that
+    are alive at once inside one block (each block's are freed before the next one's are made). The residual
+    stream and its normed copy (B, T, d_model) each; then the larger of the attention's q, k, v (B, T,
+    (n_head + 2 n_kv_head) head_dim) with, for attn_impl manual, its scores and softmax weights (B, n_head, T, T)
+    in at least float32, and the MLP's input projection (B, T, hidden or 2 hidden for SwiGLU) with its
+    activation (B, T, hidden). Only what is certainly allocated: fused kernels, the allocator's slack and
+    temporaries come on top."""
+    bt = batch_size * length
+    qkv = bt * (config.n_head + 2 * config.n_kv_head) * config.head_dim * dtype_bytes
+    scores = 2 * batch_size * config.n_head * length * length * max(dtype_bytes, BYTES_FP32)
+    attention = qkv + (scores if config.attn_impl == "manual" else 0)
+    in_width = 2 * config.hidden_dim if config.mlp == "swiglu" else config.hidden_dim
+    mlp = bt * (in_width + config.hidden_dim) * dtype_bytes
+    return 2 * bt * config.d_model * dtype_bytes + max(attention, mlp)
+
+
+def generation_bytes(config: ModelConfig, batch_size: int, prompt_length: int, max_new_tokens: int,
+                     dtype_bytes: int = BYTES_FP32, kv_cache: bool = True) -> int:
+    """A lower bound on what model.generate allocates beside the weights, for batch_size rows of a prompt of
+    prompt_length tokens (at most block_size) continued by max_new_tokens. The window the model sees grows to
+    length = min(block_size, prompt + new tokens). With the KV cache: the cache of that length and the forward
+    pass over the prompt (the prefill); without it, every step runs the forward pass over the whole window, so
+    that pass at its longest. Both: the token ids (the window, the new columns and the output, int64) and each
+    step's logits (B, vocab_size). It assumes the generation runs to max_new_tokens (a stop token that ends every
+    row sooner needs less without the cache)."""
+    prompt_length = max(1, min(prompt_length, config.block_size))
+    length = min(config.block_size, prompt_length + max(max_new_tokens, 1))
+    if kv_cache:
+        model_bytes = kv_cache_bytes(config, batch_size, dtype_bytes, length) + \
+            forward_bytes(config, batch_size, prompt_length, dtype_bytes)
+    else:
+        model_bytes = forward_bytes(config, batch_size, length, dtype_bytes)
+    ids = 8 * batch_size * (length + prompt_length + max_new_tokens)
+    logits = batch_size * config.vocab_size * dtype_bytes
+    return model_bytes + ids + logits
 
 
 def device_memory(device: torch.device | str) -> int:

@@ -22,19 +22,21 @@ from pretrained.load import open_pretrained
 
 def to_hf(ckpt: str, out_dir: str | Path, force: bool = False) -> tuple[Path, str]:
     """Returns (OUT_DIR, the architecture written)."""
-    check_out_dir(Path(out_dir), force)  # before any heavy reading
+    check_out_dir(Path(out_dir), force, _named(ckpt))  # before any heavy reading
     source = open_pretrained(ckpt, what="CKPT")
     kind = hf_architecture(source.config)  # a configuration with no HF equivalent fails here, naming the field
     model = source.build(dtype=None)
     json_tok, raw_tok, bos, eos = hf_tokenizer_files(source.tokenizer, model.config.block_size)
     tensors, json_files = hf_files(model, bos, eos)
-    written = write_model_folder(out_dir, tensors, {**json_files, **json_tok}, raw_tok, force=force)
-    return written, {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}[kind]
+    arch = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}[kind]
+    written = write_model_folder(out_dir, tensors, {**json_files, **json_tok}, raw_tok, force=force,
+                                 sources=(*_named(ckpt), source.folder), about=f"to-hf: {arch} from {source.label}")
+    return written, arch
 
 
 def from_hf(src: str, out_dir: str | Path, force: bool = False) -> tuple[Path, str]:
     """Returns (OUT_DIR, a one-line description of the model)."""
-    check_out_dir(Path(out_dir), force)
+    check_out_dir(Path(out_dir), force, _named(src))
     source = open_pretrained(src)
     model = source.build(dtype=None)
     spec, files = stored_tokenizer(source.tokenizer)
@@ -42,7 +44,14 @@ def from_hf(src: str, out_dir: str | Path, force: bool = False) -> tuple[Path, s
     if model.config.tie_embeddings:
         state.pop("lm_head.weight")
     payload = {"model": model.config.to_dict(), "tokenizer": spec, "source": source.label}
-    written = write_model_folder(out_dir, state, {CONFIG_FILE: payload}, files, force=force)
+    written = write_model_folder(out_dir, state, {CONFIG_FILE: payload}, files, force=force,
+                                 sources=(*_named(src), source.folder), about=f"from-hf: attngpt from {source.label}")
     c = model.config
     return written, (f"{model.num_params() / 1e6:.1f}M parameters, {c.n_layer} layers, {c.n_head} heads "
                      f"({c.n_kv_head} kv), d_model {c.d_model}, block {c.block_size}, tokenizer {source.tokenizer!r}")
+
+
+def _named(src: str | Path) -> tuple[Path, ...]:
+    """The folder the user named as the source, when it is one here (not a hub id)."""
+    path = Path(src).expanduser()
+    return (path,) if path.exists() else ()

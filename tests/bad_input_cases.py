@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from tests.bad_input_boundaries import BOUNDARY_DAMAGE, RULES_DOC, boundary_cases
 from tests.bad_input_hf import hf_cases
 from tests.bad_input_trust import MORE_DAMAGE, more_cases
 from tests.helpers import Plant
@@ -257,10 +258,12 @@ CASES: list[Case] = [
          ("tokenizer description", "is not valid", "config.json is damaged", "--ckpt"), damage="bad_tokenizer"),
 ]
 
-# the cases of tests/bad_input_hf.py and tests/bad_input_trust.py
+# the cases of tests/bad_input_hf.py, tests/bad_input_trust.py and tests/bad_input_boundaries.py
 CASES += hf_cases(Case, TRAIN)
 DAMAGE.update(MORE_DAMAGE)
 CASES += more_cases(Case, TRAIN, RESUME)
+DAMAGE.update(BOUNDARY_DAMAGE)
+CASES += boundary_cases(Case, TRAIN, RESUME)
 
 
 # --- the doc -------------------------------------------------------------------------------------------
@@ -271,7 +274,7 @@ COMMANDS = {"train.py": "python train.py", "data.prepare": "python -m data.prepa
 
 def _shown_args(case: Case) -> str:
     text = " ".join(a if " " not in a else f'"{a}"' for a in case.args)
-    text = text.replace("{deep}", "[[[...]]]")
+    text = text.replace("{deep}", "[[[...]]]").replace("\n", "\\n")
     env = " ".join(f"{k}={v}" for k, v in case.env.items() if not k.lower().endswith("proxy"))
     if any(k.lower().endswith("proxy") for k in case.env):
         env = (env + " https_proxy=<closed port>").strip()
@@ -300,6 +303,7 @@ def render_markdown() -> str:
         "file, and that file must not exist afterwards. Loading reads weights with safetensors, configs as "
         "JSON and the training state with `torch.load(weights_only=True)`.",
         "",
+        *RULES_DOC,
     ]
     for prog, command in COMMANDS.items():
         lines += [f"## `{command}`", "", "| # | kind | bad input | command | exit | says |",

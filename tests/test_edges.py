@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 import sample
-from common.config_io import MAX_CONFIG_BYTES, apply_overrides, load_yaml
+from common.config_io import MAX_CONFIG_BYTES, load_yaml
+from common.overrides import apply_overrides
 from common.errors import UserError
 from tests.helpers import fresh_copy, prepared_shakespeare_dir, tiny_config
 from training.checkpoint import LATEST, load_train_state

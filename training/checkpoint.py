@@ -113,12 +113,19 @@ def checkpoint_dir(lock: RunDirLock, name: str) -> Path | None:
       - between its two renames (`name` missing, `.name.old` complete): `.name.old` is renamed back;
       - after both renames (`name` and `.name.old`): the new `name` is complete, `.name.old` is removed;
       - before the renames: `.name.tmp` is removed (the previous `name` was never touched).
-    A regular file where the folder belongs is refused now, not at the second save."""
+    A regular file where the folder belongs is refused now, not at the first save; so is a symbolic link (to a
+    folder or not): every save renames `name` aside and a new folder into its place, which would replace the
+    link by a folder, and the temporary `.name.tmp` is written through whatever it points to. A run keeps its
+    checkpoints as real folders inside out_dir (out_dir itself may be a link: renames inside it are plain)."""
     if not lock.held:
         raise RuntimeError("checkpoint_dir needs the run directory's lock: only the writer may recover a save")
     out_dir = lock.out_dir
     final, old, tmp = out_dir / name, out_dir / f".{name}.old", out_dir / f".{name}.tmp"
     for path in (final, old, tmp):
+        if path.is_symlink():
+            raise UserError(f"'{path}' is a symbolic link (to '{os.readlink(path)}'), where the run keeps its {name} "
+                            f"checkpoint as a real folder (each save replaces it by renaming): replace the link by a "
+                            f"copy of the folder it points to, or choose another out_dir")
         if path.exists() and not path.is_dir():
             raise UserError(f"'{path}' is a file, where the run keeps its {name} checkpoint folder: move or "
                             f"delete it, or choose another out_dir")

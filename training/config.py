@@ -17,7 +17,8 @@ from typing import Any, Literal
 
 import yaml
 
-from common.config_io import apply_overrides, closest, coerce, from_dict, load_yaml, to_dict
+from common.config_io import PATH, closest, coerce, from_dict, load_yaml, to_dict
+from common.overrides import apply_overrides
 from common.errors import UserError
 from data.config import DataConfig
 from model.config import ModelConfig
@@ -50,7 +51,7 @@ class TrainConfig:
     peak_flops: float | None = None
     # the starting weights: scratch (random init), or a pretrained model's -- an attngpt checkpoint or run out_dir,
     # a Hugging Face model folder or hub id (gpt2, a Llama-family id); its shape and tokenizer come with it
-    init_from: str = "scratch"
+    init_from: str = field(default="scratch", metadata=PATH)
     # processes under torchrun: ddp (every process holds the whole model) or fsdp (parameters, gradients and
     # AdamW state sharded across processes: FSDP2, training/parallel.py)
     parallel: Literal["ddp", "fsdp"] = "ddp"
@@ -126,7 +127,8 @@ MAX_SEED = 2**63 - 1
 
 @dataclass
 class RunConfig:
-    out_dir: str = "runs/default"  # checkpoints, the resolved config, attention snapshots, W&B files
+    # checkpoints, the resolved config, attention snapshots, W&B files (`~` is the home folder, as in every path)
+    out_dir: str = field(default="runs/default", metadata=PATH)
     seed: int = 1337  # model init, batch order, dropout: one seed fixes the whole run (0 .. 2**63-1)
     device: str = "auto"  # auto (cuda > mps > cpu), cpu, cuda, cuda:N, mps
     # autocast dtype; weights stay float32. auto: float32 or bfloat16, whichever trains faster here, timed at start
@@ -157,7 +159,7 @@ class RunConfig:
 
 def load_run_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
     """YAML + overrides -> RunConfig. model.vocab_size is taken from the tokenizer unless the YAML sets it."""
-    raw = apply_overrides(load_yaml(path), overrides or [])
+    raw = apply_overrides(load_yaml(path), overrides or [], RunConfig)
     model_raw = raw.get("model")
     explicit_vocab = isinstance(model_raw, dict) and model_raw.get("vocab_size") is not None
     model_set = _model_settings(model_raw)

@@ -18,8 +18,9 @@ import time
 from pathlib import Path
 
 from common.errors import UserError
+from common.paths import RUN_LOCK
 
-LOCK_FILE = ".train.lock"
+LOCK_FILE = RUN_LOCK  # what common/paths.py recognises a run by
 
 
 class RunDirLock:

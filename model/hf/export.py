@@ -3,8 +3,11 @@
 plus whatever tokenizer files the caller hands in.
 
 A folder is written whole or not at all: everything goes into a temporary sibling folder, is fsynced, and
-is renamed into place. An existing non-empty OUT_DIR is refused, unless `force` and it is a model folder
-(holds a config.json): then it is replaced, and only once the new one is complete.
+is renamed into place. Every folder written here holds CONVERT_MARK, which says so. An existing non-empty
+OUT_DIR is refused, unless `force` and it is a folder written here before (it holds CONVERT_MARK and no
+subfolder): then it is replaced, and only once the new one is complete. Never replaced or written into,
+`force` or not: a source of the conversion (or a folder holding one, or inside one), and anything inside a
+training run or a checkpoint or model folder (common/paths.py: `check_outside_runs`).
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from typing import Any
 import torch
 
 from common.errors import UserError
+from common.paths import check_outside_runs, is_own_folder
 from model.checkpoint import fsync_dir
 from model.gpt import GPT
 from model.hf.config_map import hf_architecture, hf_config_from_model
@@ -53,26 +57,44 @@ def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def check_out_dir(out_dir: Path, force: bool) -> None:
-    """Refuse a target that would lose data: a file, or a non-empty folder (unless force and a model folder)."""
+CONVERT_MARK = ".attngpt-convert.json"  # in every folder write_model_folder writes: what --force may replace
+
+
+def check_out_dir(out_dir: Path, force: bool, sources: tuple[Path, ...] = ()) -> None:
+    """Refuse a target that would lose data or write where a reader must not (module doc): a file; a source of
+    the conversion, a folder inside one or holding one; a path inside a run, checkpoint or model folder; a
+    non-empty folder, unless force and it is one written here before."""
+    out_dir = Path(out_dir).expanduser()
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"OUT_DIR '{out_dir}' is a file: give a new folder")
+    target = out_dir.resolve()
+    for source in sources:
+        src = Path(source).expanduser().resolve()
+        if target == src or src in target.parents or target in src.parents:
+            relation = ("is" if target == src else "lies inside" if src in target.parents else "holds")
+            raise UserError(f"OUT_DIR '{out_dir}' {relation} the source '{source}': the conversion never writes "
+                            f"over what it reads; give a new folder")
+    check_outside_runs(out_dir, "OUT_DIR", "give a new folder outside it", own_mark=CONVERT_MARK)
     if out_dir.is_dir() and any(out_dir.iterdir()):
         if not force:
             raise UserError(f"OUT_DIR '{out_dir}' exists and is not empty: give a new folder, or pass --force to "
-                            f"replace a model folder written before")
-        if not (out_dir / "config.json").is_file():
-            raise UserError(f"--force replaces only a model folder (one holding a config.json), and '{out_dir}' "
-                            f"has none: give a new folder")
+                            f"replace a folder convert.py wrote before")
+        if not is_own_folder(out_dir, CONVERT_MARK):
+            raise UserError(f"--force replaces only a folder convert.py wrote (it holds {CONVERT_MARK} and no "
+                            f"subfolder), and '{out_dir}' is not one: give a new folder")
 
 
 def write_model_folder(out_dir: str | Path, tensors: dict[str, torch.Tensor], json_files: dict[str, Any],
-                       raw_files: dict[str, bytes] | None = None, force: bool = False) -> Path:
-    """Write model.safetensors + JSON files + raw files into OUT_DIR atomically (module doc)."""
+                       raw_files: dict[str, bytes] | None = None, force: bool = False,
+                       sources: tuple[Path, ...] = (), about: str = "") -> Path:
+    """Write model.safetensors + JSON files + raw files + CONVERT_MARK (saying `about`: what was converted from
+    what) into OUT_DIR atomically (module doc); `sources`: the folders the conversion read."""
     from safetensors.torch import save_file
 
-    out_dir = Path(out_dir)
-    check_out_dir(out_dir, force)
+    out_dir = Path(out_dir).expanduser()
+    check_out_dir(out_dir, force, sources)
+    json_files = {**json_files, CONVERT_MARK: {"written_by": "attngpt convert.py", "about": about,
+                                               "note": "convert.py --force may replace this folder"}}
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
     old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
     try:
