@@ -188,3 +188,36 @@ def test_tokenizers_are_described_by_kind_and_size():
     assert _describe_tokenizer({"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 50257}) == \
         "tiktoken gpt2, 50257 tokens"
     assert _describe_tokenizer(None) == "none recorded"
+
+
+def test_a_corpus_edited_past_the_ends_the_token_fingerprint_reads_is_other_data(tmp_path, monkeypatch):
+    """The token fingerprint reads the first and last MiB of each split; a 3 MB corpus edited in its middle (same
+    size, same characters) keeps it, and only the corpus's content hash, recorded at prepare, tells. The resume is
+    refused before latest/ changes, and goes on once the corpus is back."""
+    from common.errors import UserError
+    from training.resume import source_content
+    monkeypatch.setenv("ATTNGPT_DATA_DIR", str(tmp_path / "data"))
+    lines = [f"line {i % 997} of the corpus, word {(i * 7919) % 1009}\n" for i in range(80_000)]
+    text = "".join(lines)
+    assert len(text) > 3 << 20 - 1
+    path = tmp_path / "corpus.txt"
+    path.write_text(text)
+    out = tmp_path / "run"
+    overrides = ["data.source=text", f"data.path={path}", "train.max_iters=4", "eval.interval=2", "eval.iters=1",
+                 *QUIET]
+    train(tiny_config(out, *overrides), should_stop=lambda steps: steps == 2)
+    before = {p.name: p.read_bytes() for p in (out / LATEST).iterdir()}
+    middle = len(text) // 3
+    assert text[middle] != text[middle + 1]
+    path.write_text(text[:middle] + text[middle + 1] + text[middle] + text[middle + 2:])  # two characters swapped
+    with pytest.raises(UserError, match="trained on other data .* content [0-9a-f]{16}"):
+        train(tiny_config(out, *overrides))
+    assert {p.name: p.read_bytes() for p in (out / LATEST).iterdir()} == before
+    path.write_text(text)
+    assert train(tiny_config(out, *overrides)).step == 4
+    # what the content hash is made of: the whole-file hashes in order; none for entries of another kind
+    sha = "0" * 64
+    assert source_content({"files": [["a", 1, sha], ["b", 2, "1" * 64]]}) != \
+        source_content({"files": [["b", 2, "1" * 64], ["a", 1, sha]]})
+    assert source_content({"files": [["a", 1, "0123456789abcdef"]]}) is None
+    assert source_content({"files": []}) is None and source_content({}) is None

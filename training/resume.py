@@ -43,7 +43,22 @@ def data_fingerprint(prepared: PreparedData) -> dict[str, Any]:
         digest.update(np.ascontiguousarray(stream.read(0, n)).tobytes())
         digest.update(np.ascontiguousarray(stream.read(total - n, total)).tobytes())
     return {"source": prepared.meta.get("source"), "train_tokens": prepared.train_tokens,
-            "val_tokens": prepared.val_tokens, "fingerprint": digest.hexdigest()[:16]}
+            "val_tokens": prepared.val_tokens, "fingerprint": digest.hexdigest()[:16],
+            "content": source_content(prepared.meta)}
+
+
+def source_content(meta: dict[str, Any]) -> str | None:
+    """A hash of the corpus's every byte, from the whole-file sha256 per local file that the prepare recorded
+    (meta.json "files": [name, size, sha256], in the corpus's order); None for a corpus with no local files (a
+    hub dataset) or a folder prepared before whole files were hashed. The token fingerprint above reads only the
+    ends of each split: an edit in the middle that keeps the token count would otherwise resume unnoticed."""
+    files = meta.get("files")
+    if not isinstance(files, list) or not files:
+        return None
+    hashes = [entry[2] if isinstance(entry, list) and len(entry) == 3 else None for entry in files]
+    if not all(isinstance(h, str) and len(h) == 64 for h in hashes):
+        return None
+    return hashlib.sha256(",".join(hashes).encode()).hexdigest()[:16]
 
 
 def _start_new_run(out_dir: Path) -> str:
@@ -70,8 +85,12 @@ def check_same_data(saved: dict[str, Any], extra: dict[str, Any], out_dir: Path)
                         f"this run's data has ({ours}){same_size}: resume with the data it was trained on, or "
                         f"{_start_new_run(out_dir)}")
     saved_data, our_data = saved.get("data"), extra["data"]
-    if isinstance(saved_data, dict) and any(saved_data.get(k) != our_data[k]
-                                            for k in ("train_tokens", "val_tokens", "fingerprint")):
+    # the corpus's content is compared where both sides recorded it (checkpoints from before it was recorded,
+    # and hub corpora, are compared on their tokens alone)
+    other_content = isinstance(saved_data, dict) and None not in (saved_data.get("content"), our_data["content"]) \
+        and saved_data.get("content") != our_data["content"]
+    if isinstance(saved_data, dict) and (other_content or any(saved_data.get(k) != our_data[k]
+                                                              for k in ("train_tokens", "val_tokens", "fingerprint"))):
         raise UserError(f"out_dir '{out_dir}' holds a checkpoint trained on other data ({_describe_data(saved_data)}) "
                         f"than this run's ({_describe_data(our_data)}): resume with the data it was trained on, "
                         f"or {_start_new_run(out_dir)}")
@@ -88,8 +107,9 @@ def _describe_tokenizer(spec: Any) -> str:
 
 
 def _describe_data(data: dict[str, Any]) -> str:
+    content = f", content {data['content']}" if data.get("content") else ""
     return (f"{data.get('source')}: {data.get('train_tokens')} train / {data.get('val_tokens')} val tokens, "
-            f"fingerprint {data.get('fingerprint')}")
+            f"fingerprint {data.get('fingerprint')}{content}")
 
 
 def _refuse(latest: Path, out_dir: Path, reason: str) -> UserError:
