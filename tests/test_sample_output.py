@@ -90,3 +90,51 @@ def test_one_sample_streams_its_text_and_stops_at_its_end_of_text(capsys, bpe_ck
         out, err = sample_text(capsys, bpe_ckpt, "--prompt", PROMPT, "--seed", str(seed), "--max-new-tokens", "12")
         assert out == text + "\n" and "--- sample" not in out
         assert f"[{min(kept + 1, 12)} tokens x 1 in " in err
+
+
+# --- what goes to stderr, and the numbers in it ---------------------------------------------------------------
+
+def test_the_dump_summary_goes_to_stderr_and_leaves_the_samples_alone(capsys, bpe_ckpt, tmp_path):
+    flags = ["--prompt", PROMPT, "--num-samples", "2", "--seed", "5", "--max-new-tokens", "12"]
+    plain, _ = sample_text(capsys, bpe_ckpt, *flags)
+    dumped, err = sample_text(capsys, bpe_ckpt, *flags, "--dump-attn", "0", "--dump-dir", str(tmp_path / "d"))
+    assert dumped == plain
+    assert f"attention maps of layers 0 over 3 prompt tokens: {tmp_path / 'd' / 'attn.npz'}" in err
+
+
+def test_tokens_per_second_count_every_sample_over_the_generation_time(capsys, bpe_ckpt, monkeypatch):
+    """On a scripted clock the generation takes 0.25 s: the rate is new tokens x samples / 0.25 s."""
+    import types
+    clock = iter([100.0, 100.25])
+    monkeypatch.setattr(sample, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    _, kept = expected_rows(bpe_ckpt, PROMPT, 5, 12, 4)
+    columns = 12 if max(kept) == 12 else max(kept) + 1
+    _, err = sample_text(capsys, bpe_ckpt, "--prompt", PROMPT, "--num-samples", "5", "--seed", "4",
+                         "--max-new-tokens", "12")
+    assert f"[{columns} tokens x 5 in 0.25s: {columns * 5 / 0.25:.1f} tokens/s, KV cache, " in err
+
+
+def test_only_running_out_of_memory_becomes_the_lower_num_samples_message(capsys, bpe_ckpt, monkeypatch):
+    for error in ("DefaultCPUAllocator: can't allocate memory: you tried to allocate 123 bytes",
+                  "CUDA out of memory. Tried to allocate 2.00 GiB"):
+        monkeypatch.setattr("model.generate.generate", lambda *a, e=error, **k: (_ for _ in ()).throw(RuntimeError(e)))
+        with pytest.raises(SystemExit) as exit_info:
+            sample.main(["--ckpt", str(bpe_ckpt), "--num-samples", "3"])
+        assert exit_info.value.code == 2
+        assert "not enough memory on cpu for 3 sample(s) at once: lower --num-samples" in capsys.readouterr().err
+    monkeypatch.setattr("model.generate.generate", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("a bug")))
+    with pytest.raises(RuntimeError, match="a bug"):  # anything else is not the user's to fix: it propagates
+        sample.main(["--ckpt", str(bpe_ckpt)])
+
+
+@pytest.mark.parametrize("over, refused", [(0, False), (1, True)])
+def test_the_kv_cache_may_take_all_of_the_devices_memory_but_not_more(capsys, bpe_ckpt, monkeypatch, over, refused):
+    import model.memory as memory
+    monkeypatch.setattr(memory, "kv_cache_bytes", lambda config, n, itemsize: memory.device_memory("cpu") + over)
+    argv = ["--ckpt", str(bpe_ckpt), "--num-samples", "2", "--max-new-tokens", "3"]
+    if refused:
+        with pytest.raises(SystemExit) as exit_info:
+            sample.main(argv)
+        assert exit_info.value.code == 2 and "their KV cache would need" in capsys.readouterr().err
+    else:
+        assert sample.main(argv) == 0
