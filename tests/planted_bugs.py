@@ -8,6 +8,7 @@ when they failed, "MISSED" when they all passed. The working tree is never modif
 
     python tests/planted_bugs.py                 # all of them (~5 minutes on 2 cores)
     python tests/planted_bugs.py --only seed     # the ones whose id contains "seed"
+    python tests/planted_bugs.py --only eval- gamma-    # ... "eval-" or "gamma-"
 """
 from __future__ import annotations
 
@@ -39,6 +40,12 @@ SAMPLE = "tests/test_settings_sample.py"
 TRAIN = "tests/test_settings_train.py"
 MODEL = "tests/test_settings_model.py"
 ATTN = "tests/test_settings_attn.py"
+EVAL_DDP = "tests/test_ddp_in_process.py"
+RESUME_DATA = "tests/test_resume_data.py"
+CHOICE = "tests/test_checkpoint_choice.py"
+MAPS = "tests/test_attention_maps_edges.py"
+WINDOW = "tests/test_explorer_window.py"
+SAMPLE_OUT = "tests/test_sample_output.py"
 
 PLANTS = [
     Plant("sample-seed", "sample.py ignores --seed", "sample.py",
@@ -94,6 +101,47 @@ PLANTS = [
     Plant("crop-ignored", "train.init_from trains at the source's block_size whatever model.block_size says",
           "training/init_from.py", "block_size=cfg.model_set.get(CROPPABLE, source.config.block_size))",
           "block_size=source.config.block_size)", ("tests/test_shorter_context.py",)),
+    Plant("eval-ddp-no-mean", "under DDP each process logs its own eval loss, not the mean over processes",
+          "training/evaluate.py", "if rt.ddp:", "if False:", (EVAL_DDP,)),
+    Plant("eval-ddp-count", "under DDP the eval loss divided by the process count twice", "training/evaluate.py",
+          "out[split] = total.item() / cfg.eval.iters", "out[split] = total.item() / (cfg.eval.iters * rt.world_size)",
+          (EVAL_DDP,)),
+    Plant("resume-fingerprint", "a resume compares token counts but not the data's fingerprint", "training/resume.py",
+          'for k in ("train_tokens", "val_tokens", "fingerprint"))', 'for k in ("train_tokens", "val_tokens"))',
+          (RESUME_DATA,)),
+    Plant("fingerprint-tail", "the data fingerprint skips the end of each split", "training/resume.py",
+          "        digest.update(np.ascontiguousarray(stream.read(total - n, total)).tobytes())\n", "",
+          (RESUME_DATA,)),
+    Plant("reader-latest-first", "a run's out_dir is read through latest/ before best/", "model/checkpoint.py",
+          "for name in (BEST, LATEST):", "for name in (LATEST, BEST):", (CHOICE,)),
+    Plant("gamma-zero-distances", "the decay fit counts distances without weight", "insight/stats.py",
+          "ok = np.isfinite(m) & (m > 0)", "ok = np.isfinite(m) & (m >= 0)", (MAPS,)),
+    Plant("gamma-unmasked-x", "the decay fit's x deviations include unusable distances", "insight/stats.py",
+          "dx = np.where(ok, x - x_mean[:, None], 0.0)", "dx = x - x_mean[:, None]", (MAPS,)),
+    Plant("explorer-last-window", "a long input's last window of maps embedded, not its first", "insight/explorer/__init__.py",
+          "weights[item, :, :W, :W]", "weights[item, :, -W:, -W:]", (WINDOW,)),
+    Plant("explorer-labels-cut", "a long input's labels cut from its end", "insight/explorer/__init__.py",
+          "for t in tokens[:W]]", "for t in tokens[-W:]]", (WINDOW,)),
+    Plant("heatmap-diagonal", "the heatmaps mask the diagonal with the future", "insight/heatmap.py",
+          "future = np.triu(np.ones((T, T), dtype=bool), k=1)", "future = np.triu(np.ones((T, T), dtype=bool), k=0)",
+          (MAPS,)),
+    Plant("heatmap-no-mask", "the heatmaps show the future", "insight/heatmap.py",
+          "np.ma.masked_array(w[h], mask=future)", "np.ma.masked_array(w[h])", (MAPS,)),
+    Plant("sample-eot-kept", "each sample printed with its end-of-text token", "sample.py",
+          "generated = generated[:generated.index(tokenizer.eot)]",
+          "generated = generated[:generated.index(tokenizer.eot) + 1]", (SAMPLE_OUT,)),
+    Plant("sample-eot-in-prompt", "each sample cut at the first end-of-text of the whole row, prompt included",
+          "sample.py", "generated = generated[:generated.index(tokenizer.eot)]",
+          "generated = row[:row.index(tokenizer.eot)][len(ids):]", (SAMPLE_OUT,)),
+    Plant("sample-first-row", "every sample cut where the first one ended", "sample.py",
+          "            if tokenizer.eot is not None and tokenizer.eot in generated:\n"
+          "                generated = generated[:generated.index(tokenizer.eot)]",
+          "            first = out[0, len(ids):].tolist()\n"
+          "            if tokenizer.eot is not None and tokenizer.eot in first:\n"
+          "                generated = generated[:first.index(tokenizer.eot)]", (SAMPLE_OUT,)),
+    Plant("sample-stream-eot", "a single sample streams past its end-of-text", "sample.py",
+          "        if token == self.tokenizer.eot:\n            self.stopped = True\n            return\n", "",
+          (SAMPLE_OUT,)),
 ]
 
 
@@ -137,9 +185,10 @@ def run_plant(tree: Path, plant: Plant) -> tuple[str, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="", help="plant only the bugs whose id contains this")
+    parser.add_argument("--only", nargs="+", default=[""], metavar="TEXT",
+                        help="plant only the bugs whose id contains one of these")
     args = parser.parse_args()
-    plants = [p for p in PLANTS if args.only in p.id]
+    plants = [p for p in PLANTS if any(text in p.id for text in args.only)]
     rows, missed = [], 0
     with tempfile.TemporaryDirectory(prefix="planted-") as scratch:
         tree = Path(scratch)
