@@ -125,16 +125,3 @@ def test_only_running_out_of_memory_becomes_the_lower_num_samples_message(capsys
     monkeypatch.setattr("model.generate.generate", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("a bug")))
     with pytest.raises(RuntimeError, match="a bug"):  # anything else is not the user's to fix: it propagates
         sample.main(["--ckpt", str(bpe_ckpt)])
-
-
-@pytest.mark.parametrize("over, refused", [(0, False), (1, True)])
-def test_the_kv_cache_may_take_all_of_the_devices_memory_but_not_more(capsys, bpe_ckpt, monkeypatch, over, refused):
-    import model.memory as memory
-    monkeypatch.setattr(memory, "kv_cache_bytes", lambda config, n, itemsize: memory.device_memory("cpu") + over)
-    argv = ["--ckpt", str(bpe_ckpt), "--num-samples", "2", "--max-new-tokens", "3"]
-    if refused:
-        with pytest.raises(SystemExit) as exit_info:
-            sample.main(argv)
-        assert exit_info.value.code == 2 and "their KV cache would need" in capsys.readouterr().err
-    else:
-        assert sample.main(argv) == 0

@@ -87,8 +87,8 @@ def check_same_data(saved: dict[str, Any], extra: dict[str, Any], out_dir: Path)
     saved_data, our_data = saved.get("data"), extra["data"]
     # the corpus's content is compared where both sides recorded it (checkpoints from before it was recorded,
     # and hub corpora, are compared on their tokens alone)
-    other_content = isinstance(saved_data, dict) and None not in (saved_data.get("content"), our_data["content"]) \
-        and saved_data.get("content") != our_data["content"]
+    other_content = isinstance(saved_data, dict) and None not in (saved_data.get("content"), our_data.get("content")) \
+        and saved_data.get("content") != our_data.get("content")
     if isinstance(saved_data, dict) and (other_content or any(saved_data.get(k) != our_data[k]
                                                               for k in ("train_tokens", "val_tokens", "fingerprint"))):
         raise UserError(f"out_dir '{out_dir}' holds a checkpoint trained on other data ({_describe_data(saved_data)}) "
