@@ -20,6 +20,7 @@ warning line. In arguments and environment values these placeholders stand for p
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import shutil
 import sys
@@ -323,3 +324,15 @@ if __name__ == "__main__":
     DOC.parent.mkdir(parents=True, exist_ok=True)
     DOC.write_text(render_markdown(), encoding="utf-8")
     print(f"wrote {DOC.relative_to(REPO)}: {len(CASES)} cases", file=sys.stderr)
+
+
+def write_files(files: dict, root: Path) -> None:
+    """A case's files under root: text, bytes, or an int for a sparse file of that size (no data, as truncate -s)."""
+    for name, content in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, int):
+            path.write_bytes(b"")
+            os.truncate(path, content)
+        else:
+            path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content, encoding="utf-8")

@@ -3,7 +3,6 @@ real command line -- one clear line, exit status 2, no traceback; planted pickle
 save leaves the previous checkpoint loadable."""
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.bad_input_cases import CASES, DAMAGE, DOC, MARKER, Case, render_markdown
+from tests.bad_input_cases import CASES, DAMAGE, DOC, MARKER, Case, render_markdown, write_files
 from tests.helpers import TINY, prepared_shakespeare_dir, run_cli
 
 CHECKPOINT_STEP = 2
@@ -83,14 +82,7 @@ def test_bad_input(case: Case, tmp_path, data_dir, trained_run):
         pytest.skip("this machine has a CUDA GPU, so the input is not bad here")
     if case.file_size_limit is not None and sys.platform == "win32":
         pytest.skip("RLIMIT_FSIZE is POSIX")
-    for name, content in case.files.items():
-        path = tmp_path / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, int):  # a sparse file: its size, no data (truncate -s)
-            path.write_bytes(b"")
-            os.truncate(path, content)
-        else:
-            path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content, encoding="utf-8")
+    write_files(case.files, tmp_path)
     (tmp_path / "a_file").write_text("a regular file, not a folder\n")
     values = {"tmp": str(tmp_path), "out": str(tmp_path / "out"), "run": str(tmp_path / "run"),
               "file": str(tmp_path / "a_file"), "data": str(data_dir), "deep": "[" * 1000 + "]" * 1000}

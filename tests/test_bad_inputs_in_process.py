@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.bad_input_cases import CASES, DAMAGE, MARKER, Case
+from tests.bad_input_cases import CASES, DAMAGE, MARKER, Case, write_files
 from tests.helpers import TINY, prepared_shakespeare_dir
 
 IN_PROCESS = [c for c in CASES if c.prog in ("train.py", "sample.py") and c.outcome == "error"
@@ -45,10 +45,7 @@ def fill(text: str, values: dict[str, str]) -> str:
 def test_bad_input_in_process(case: Case, tmp_path, data_dir, trained_run, monkeypatch, capsys):
     if case.needs_no_gpu and torch.cuda.is_available():
         pytest.skip("this machine has a CUDA GPU, so the input is not bad here")
-    for name, content in case.files.items():
-        path = tmp_path / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content, encoding="utf-8")
+    write_files(case.files, tmp_path)
     (tmp_path / "a_file").write_text("a regular file, not a folder\n")
     values = {"tmp": str(tmp_path), "out": str(tmp_path / "out"), "run": str(tmp_path / "run"),
               "file": str(tmp_path / "a_file"), "data": str(data_dir), "deep": "[" * 1000 + "]" * 1000}

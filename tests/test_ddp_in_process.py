@@ -136,8 +136,9 @@ def test_every_process_runs_at_the_precision_rank_0_chose(tmp_path, monkeypatch)
     import training.autotune as autotune
     cfg = tiny_config(tmp_path / "run", "dtype=auto", "train.compile=auto")
     (tmp_path / "run").mkdir()
-    made = autotune.Choice(dtype="bfloat16", compile=True, ms_per_step={"float32": 2.0, "bfloat16": 1.5,
-                                                                        "bfloat16 compiled": 1.0})
+    made = autotune.Choice(dtype="bfloat16", compile=True, comparisons=[
+        autotune.Comparison({"float32": 2.0, "bfloat16": 1.5}, baseline="float32", kept="bfloat16"),
+        autotune.Comparison({"bfloat16": 1.5, "bfloat16 compiled": 1.0}, baseline="bfloat16", kept="bfloat16 compiled")])
     monkeypatch.setattr(autotune, "choose", lambda *args, **kwargs: (made, None))
 
     class Loader:  # rank 0 draws one batch to measure on, and puts the stream back

@@ -125,7 +125,7 @@ def test_a_weights_mismatch_names_what_is_missing_and_what_is_unexpected(tmp_pat
 def test_a_config_json_that_is_not_json_is_refused_naming_the_error(tmp_path):
     from model.hf.source import read_hf_config
     (tmp_path / "config.json").write_text('{"model_type": "gpt2",', encoding="utf-8")
-    with pytest.raises(UserError, match=r"config '.*config.json' cannot be read as JSON \(JSONDecodeError: "):
+    with pytest.raises(UserError, match=r"config.json '.*config.json' is not valid JSON: Expecting "):
         read_hf_config(tmp_path)
 
 

@@ -27,7 +27,7 @@ def test_the_probe_is_the_start_of_the_val_split_or_the_probe_text():
     train_tokens = prepared.stream("train").read(0, 64)
     assert probe_ids(cfg, prepared, 32) == val[:32].tolist() != train_tokens[:32].tolist()
     assert probe_ids(cfg, prepared, 7) == val[:7].tolist()
-    text_cfg = tiny_config(Path("unused"), "attn.probe_text='ROMEO: Who is there?'")
+    text_cfg = tiny_config(Path("unused"), "attn.probe_text=ROMEO: Who is there?")  # the text as the shell passes it
     assert probe_ids(text_cfg, prepared, 32) == prepared.tokenizer.encode("ROMEO: Who is there?")
     assert probe_ids(text_cfg, prepared, 5) == prepared.tokenizer.encode("ROMEO")  # cut to block_size
 
