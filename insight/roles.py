@@ -22,7 +22,8 @@ tokens and the same R again, R = probe_length(block_size) = min(50, (block_size 
 Random tokens carry no meaning a head could follow instead, so attention to i - R or i - R + 1 can only
 come from matching tokens. They are drawn without replacement (when the tokenizer has R ordinary ids
 besides the start token) so that each token of the first copy occurs there once: i - R is then the only
-earlier occurrence of query i's token.
+earlier occurrence of query i's token. Below R = 3 (block_size < 7) a role key is the previous token
+(R = 1: i - R = i - 1; R = 2: i - R + 1 = i - 1), so the scores tell the roles apart from block_size 7 on.
 """
 from __future__ import annotations
 
