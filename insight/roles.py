@@ -27,7 +27,7 @@ earlier occurrence of query i's token. Below R = 3 (block_size < 7) a role key i
 """
 from __future__ import annotations
 
-from typing import Sequence, Union
+from typing import Callable, Sequence, Union
 
 import numpy as np
 import torch
@@ -124,24 +124,36 @@ def role_label(prev: float, dup: float, ind: float) -> str:
     return ""
 
 
+MAPS_BUDGET_BYTES = 256 * 2**20  # attention maps of all layers held at once by head_role_scores
+
+
 @torch.no_grad()
 def head_role_scores(model, text_idx: torch.Tensor, probe_idx: torch.Tensor) -> dict[str, np.ndarray]:
     """{role: (n_layer, n_head) float64} for every role of ROLE_NAMES: prev_token on text_idx (B, T),
     duplicate_token and induction on probe_idx (B, 1 + 2R), a `role_probe`. The maps come from the
-    from-scratch path in eval mode (GPT.attention_maps), one sequence at a time so that only one
-    sequence's maps of all layers are held at once; the mode is restored afterwards."""
-    n_layer, n_head = model.config.n_layer, model.config.n_head
+    from-scratch path in eval mode (GPT.attention_maps; the model's mode is restored afterwards), a few
+    sequences at a time so that the maps of all layers held at once stay within MAPS_BUDGET_BYTES."""
+    for name, idx in (("text_idx", text_idx), ("probe_idx", probe_idx)):
+        if idx.dim() != 2 or idx.shape[0] < 1 or idx.shape[1] < 2:
+            raise ValueError(f"{name} must be (B, T) token ids with B >= 1 and T >= 2, got {tuple(idx.shape)}")
     R = (probe_idx.shape[1] - 1) // 2
-    sums = {name: np.zeros((n_layer, n_head)) for name in ROLE_NAMES}
+    scores = _mean_scores(model, text_idx, {"prev_token": prev_token_score})
+    scores.update(_mean_scores(model, probe_idx, {"duplicate_token": lambda w: duplicate_token_score(w, R),
+                                                  "induction": lambda w: induction_score(w, R)}))
+    return {name: scores[name] for name in ROLE_NAMES}
+
+
+def _mean_scores(model, idx: torch.Tensor, scores: dict[str, Callable]) -> dict[str, np.ndarray]:
+    """{name: (n_layer, n_head)}: each score of one layer's maps, averaged over idx's rows. Computed a chunk
+    of rows at a time: each score is a mean over rows, so the chunks' scores weighted by their sizes."""
+    c = model.config
+    per_row = 4 * c.n_layer * c.n_head * idx.shape[1] ** 2  # bytes of one sequence's float32 maps, all layers
+    rows = max(1, MAPS_BUDGET_BYTES // per_row)
+    total = {name: np.zeros((c.n_layer, c.n_head)) for name in scores}
     with eval_mode(model):
-        for row in text_idx:
-            maps = model.attention_maps(row[None])
-            for layer, w in maps.items():
-                sums["prev_token"][layer] += prev_token_score(w)
-        for row in probe_idx:
-            maps = model.attention_maps(row[None])
-            for layer, w in maps.items():
-                sums["duplicate_token"][layer] += duplicate_token_score(w, R)
-                sums["induction"][layer] += induction_score(w, R)
-    counts = {"prev_token": len(text_idx), "duplicate_token": len(probe_idx), "induction": len(probe_idx)}
-    return {name: sums[name] / max(counts[name], 1) for name in ROLE_NAMES}
+        for start in range(0, idx.shape[0], rows):
+            chunk = idx[start:start + rows]
+            for layer, w in model.attention_maps(chunk).items():
+                for name, score in scores.items():
+                    total[name][layer] += score(w) * len(chunk)
+    return {name: value / idx.shape[0] for name, value in total.items()}

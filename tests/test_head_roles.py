@@ -191,8 +191,10 @@ def test_role_probe_refuses_what_cannot_be_a_probe():
 
 # --- a real model ----------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("attn_impl", ["manual", "sdpa"])
-def test_head_role_scores_equal_the_scores_of_the_models_maps(attn_impl):
+@pytest.mark.parametrize("attn_impl,budget", [("manual", None), ("sdpa", None), ("manual", 1)])
+def test_head_role_scores_equal_the_scores_of_the_models_maps(attn_impl, budget, monkeypatch):
+    if budget is not None:  # one sequence per pass instead of all at once: the same means
+        monkeypatch.setattr("insight.roles.MAPS_BUDGET_BYTES", budget)
     torch.manual_seed(0)
     model = GPT(ModelConfig(vocab_size=40, block_size=24, n_layer=3, n_head=4, n_kv_head=2, d_model=32,
                             pos="rope", norm="rmsnorm", mlp="swiglu", dropout=0.3, attn_impl=attn_impl))
@@ -210,6 +212,10 @@ def test_head_role_scores_equal_the_scores_of_the_models_maps(attn_impl):
         for name, want in zip(ROLE_NAMES, expected):
             assert scores[name].shape == (3, 4) and scores[name].dtype == np.float64
             np.testing.assert_allclose(scores[name][layer], want, atol=1e-6)
+    with pytest.raises(ValueError, match="text_idx must be"):
+        head_role_scores(model, text[:0], probe)
+    with pytest.raises(ValueError, match="probe_idx must be"):
+        head_role_scores(model, text, probe[0])
 
 
 # --- ordinary ids and start ids of the tokenizers ---------------------------------------------------------------
