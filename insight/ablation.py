@@ -32,6 +32,7 @@ from model.attention import HeadPatch
 
 ABLATION_MODES = ("zero", "mean", "off")
 LOGIT_ROWS = 512  # rows of vocab-wide logits computed at once (vocab 50257: 100 MB of float32)
+ABLATION_BUDGET_BYTES = 1 << 30  # the most one batch of side-by-side ablations may hold (default_heads_per_pass)
 
 
 @contextmanager
@@ -68,21 +69,31 @@ def _summed_loss(model, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Te
     return total
 
 
-def _head_outputs(model, idx: torch.Tensor) -> list[torch.Tensor]:
-    """Every layer's head outputs over idx: out_proj's input reshaped to (B, n_head, T, head_dim)."""
+def _stream_and_head_outputs(model, idx: torch.Tensor, heads: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """GPT.residual_stream(idx) and, if `heads`, every layer's head outputs seen on the way: out_proj's input
+    as (B, n_head, T, head_dim)."""
     found: list[torch.Tensor] = []
 
     def capture(out_proj, args):
         y = args[0]  # (B, T, n_head * head_dim): the heads side by side
         found.append(y.view(*y.shape[:2], model.config.n_head, -1).transpose(1, 2))
 
-    handles = [block.attn.out_proj.register_forward_pre_hook(capture) for block in model.blocks]
+    handles = [block.attn.out_proj.register_forward_pre_hook(capture) for block in model.blocks] if heads else []
     try:
-        model.residual_stream(idx)
+        stream = model.residual_stream(idx)
     finally:
         for handle in handles:
             handle.remove()
-    return found
+    return stream, found
+
+
+def default_heads_per_pass(model, batch: int, T: int) -> int:
+    """How many of a layer's heads ablation_dloss removes side by side: all of them, unless one pass would
+    hold more than ABLATION_BUDGET_BYTES (a long prompt): its largest tensors per batch copy are the
+    from-scratch attention's scores and weights (n_head T x T each) and the MLP's hidden layer."""
+    c = model.config
+    per_copy = 4 * batch * T * (3 * c.n_head * T + c.hidden_dim + 4 * c.d_model)  # bytes, float32
+    return max(1, min(c.n_head, ABLATION_BUDGET_BYTES // per_copy))
 
 
 @torch.no_grad()
@@ -92,7 +103,8 @@ def ablation_dloss(model, idx: torch.Tensor, mode: str = "zero", targets: torch.
 
     idx (B, T) token ids; targets (B, T) next tokens (-1 = not counted), by default idx shifted by one.
     mode "zero" or "mean". heads_per_pass: how many of a layer's heads are ablated side by side in one
-    batch (default all of them); a smaller number holds less memory. Eval mode, no gradients."""
+    batch (default_heads_per_pass: all of them within a memory budget); the result does not depend on it.
+    Eval mode (restored afterwards), no gradients."""
     if mode not in ("zero", "mean"):
         raise ValueError(f"ablation mode {mode!r}: ablation_dloss takes 'zero' or 'mean' "
                          f"(ABLATION_MODES' 'off' means not calling it)")
@@ -101,15 +113,14 @@ def ablation_dloss(model, idx: torch.Tensor, mode: str = "zero", targets: torch.
     count = int((targets >= 0).sum())
     if count == 0:
         raise ValueError("no position to score: every target is ignored (-1)")
-    group = n_head if heads_per_pass is None else max(1, min(int(heads_per_pass), n_head))
-    B = idx.shape[0]
+    B, T = idx.shape
+    group = default_heads_per_pass(model, B, T) if heads_per_pass is None else int(heads_per_pass)
+    group = max(1, min(group, n_head))
     dloss = np.zeros((n_layer, n_head))
     with eval_mode(model):
-        stream = model.residual_stream(idx)  # n_layer + 1 tensors (B, T, d_model)
+        stream, outputs = _stream_and_head_outputs(model, idx, heads=mode == "mean")  # n_layer + 1 (B, T, d_model)
         intact = _summed_loss(model, model.final_norm(stream[-1]), targets)
-        means = None
-        if mode == "mean":
-            means = [out.mean(dim=(0, 2), keepdim=True) for out in _head_outputs(model, idx)]  # (1, H, 1, hd)
+        means = [out.mean(dim=(0, 2), keepdim=True) for out in outputs] if mode == "mean" else None  # (1, H, 1, hd)
         for layer in range(n_layer):
             attn = model.blocks[layer].attn
             for first in range(0, n_head, group):

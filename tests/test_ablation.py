@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from insight.ablation import ABLATION_MODES, ablation_dloss, token_losses
+from insight.ablation import ABLATION_MODES, ablation_dloss, default_heads_per_pass, token_losses
 from model import GPT, ModelConfig
 from model.attention import HeadPatch
 
@@ -137,6 +137,19 @@ def test_heads_per_pass_changes_only_the_batching(heads_per_pass):
     for mode in ("zero", "mean"):
         np.testing.assert_allclose(ablation_dloss(model, idx, mode, heads_per_pass=heads_per_pass),
                                    ablation_dloss(model, idx, mode), atol=1e-6, rtol=0)
+
+
+def test_default_heads_per_pass_is_all_heads_within_the_memory_budget(monkeypatch):
+    model = tiny()
+    assert default_heads_per_pass(model, 2, 12) == 4
+    idx = torch.randint(0, 48, (2, 12), generator=torch.Generator().manual_seed(4))
+    all_at_once = ablation_dloss(model, idx)
+    per_copy = 4 * 2 * 12 * (3 * 4 * 12 + model.config.hidden_dim + 4 * 32)
+    monkeypatch.setattr("insight.ablation.ABLATION_BUDGET_BYTES", 2 * per_copy)
+    assert default_heads_per_pass(model, 2, 12) == 2
+    monkeypatch.setattr("insight.ablation.ABLATION_BUDGET_BYTES", 1)
+    assert default_heads_per_pass(model, 2, 12) == 1
+    np.testing.assert_allclose(ablation_dloss(model, idx), all_at_once, atol=1e-6, rtol=0)
 
 
 def test_ablation_runs_in_eval_mode_and_leaves_the_model_as_it_was():
