@@ -173,8 +173,9 @@ def run(args: argparse.Namespace) -> int:
                             f"pass a writable folder with --dump-dir") from None
         print(f"attention maps of layers {', '.join(map(str, sorted(heads)))} over {len(ids)} prompt tokens: "
               f"{', '.join(str(p) for p in written)}", file=sys.stderr)
-        if len(ids) < 2:
-            print(f"note: {scores_note.split(';')[0]}", file=sys.stderr)
+        for part in scores_note.split("; "):  # a 1-token prompt, a block too short for the role probe
+            if "NaN" in part:
+                print(f"note: {part}", file=sys.stderr)
 
     generator = torch.Generator(device=device).manual_seed(args.seed)
     batch = idx.expand(args.num_samples, -1)
