@@ -205,9 +205,13 @@ def test_hidden_from_any_layer_of_the_residual_stream_gives_the_forward_logits(s
             model.hidden_from(3, stream[0])
         with pytest.raises(ValueError, match="longer than block_size"):
             model.residual_stream(torch.zeros(1, 21, dtype=torch.long))
+        with pytest.raises(ValueError, match="longer than block_size"):
+            model.hidden_from(1, torch.zeros(1, 21, 32))
         model.setup_kv_cache(1)
         with pytest.raises(ValueError, match="clear_kv_cache"):
             model.residual_stream(idx)
+        with pytest.raises(ValueError, match="clear_kv_cache"):
+            model.hidden_from(0, stream[0])
         model.clear_kv_cache()
 
 
