@@ -202,7 +202,7 @@ class TiktokenTokenizer:
             special = {self._enc.encode_single_token(t) for t in self._enc.special_tokens_set}
             self._ordinary = np.array([i for i in range(self.vocab_size)
                                        if i not in special and _tiktoken_assigned(self._enc, i)], dtype=np.int64)
-        return self._ordinary
+        return self._ordinary.copy()  # the cache stays as it is whatever the caller does with the array
 
     @property
     def start_id(self) -> int:
