@@ -11,6 +11,7 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 
 from data.tokenizer import CharTokenizer
 from insight.dump import dump_internals, prompt_head_scores
@@ -493,3 +494,24 @@ def test_step_by_step_names_the_softmax(browser, dumped):
     assert "softmax(s)_j = exp(s_j − max s)" in formulas[1]
     headers = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "#step-table th")]
     assert "softmax α_j" in headers
+
+
+def test_char_level_text_view_names_the_word_of_each_letter(browser, tmp_path):
+    """In a char-level prompt the list says which word a letter is in, or which word a space comes before."""
+    from selenium.webdriver.common.by import By
+    text = "the cat sat on\nthe mat"
+    model = lively_model(seed=15)
+    idx = torch.tensor([[CHARS.index(c) for c in text]])
+    page = write_explorer(tmp_path / "chars.html", model.attention_internals(idx), list(text))
+    open_page(browser, page)
+    assert browser.find_element(By.ID, "pane-text").is_displayed()  # char-level: the text view first
+    items = browser.execute_script("""return Array.from(document.querySelectorAll('#text-top .top-item'), e =>
+        [+e.dataset.key, e.textContent])""")
+    words = {**{j: f"(in {w})" for w, start in (("the", 0), ("cat", 4), ("sat", 8), ("on", 12), ("the", 15), ("mat", 19))
+                for j in range(start, start + len(w))},
+             **{3: "(before cat)", 7: "(before sat)", 11: "(before on)", 14: "(before the)", 18: "(before mat)"}}
+    assert len(items) == 5
+    for key, shown in items:
+        assert words[key] in shown, (key, shown)
+    assert browser.find_element(By.ID, "text-top").text.startswith('"t" (in mat) → ')
+    assert browser.find_element(By.ID, "t-tok-14").text == "↵"  # the newline, then a line break

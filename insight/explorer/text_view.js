@@ -20,6 +20,21 @@ window.attnTextView = function (x) {
     return t.replace(/\n/g, "↵\n");
   }
   const quoted = (j) => `"${M.texts[j].trim() && !CONTROL.test(M.texts[j]) ? M.texts[j].trim() : label(j)}"`;
+  // In a char-level prompt one letter says little ("e" of which word?): the word it is in, or for a space
+  // or newline the word it comes before, e.g. "␣" (before it), "s" (in because)
+  const isSpace = (j) => /^\s+$/.test(M.texts[j]);
+  function context(j) {
+    if (!M.char_level) return "";
+    let a = j, b = j;
+    if (isSpace(j)) {
+      a = b = j + 1;
+      while (b < W && !isSpace(b)) b++;
+      return a < b ? ` (before ${M.texts.slice(a, Math.min(b, a + 12)).join("")})` : "";
+    }
+    while (a > 0 && !isSpace(a - 1)) a--;
+    while (b + 1 < W && !isSpace(b + 1)) b++;
+    return b > a ? ` (in ${M.texts.slice(Math.max(a, j - 11), Math.min(b + 1, j + 12)).join("")})` : "";
+  }
 
   function build() {
     const ls = $("text-layer"), hs = $("text-head"), body = $("text-body");
@@ -69,11 +84,11 @@ window.attnTextView = function (x) {
     }
     const order = Array.from({ length: i + 1 }, (_, j) => j).sort((a, b) => values[b] - values[a] || a - b);
     const list = $("text-top");
-    list.replaceChildren(el("span", { class: "from" }, `${quoted(i)} → `));
+    list.replaceChildren(el("span", { class: "from" }, `${quoted(i)}${context(i)} → `));
     order.slice(0, TOP).forEach((j, n) => {
       if (n) list.append(", ");
       const item = el("span", { class: "top-item", "data-key": j, "data-value": values[j], title: `key ${j}` });
-      item.append(el("b", {}, quoted(j)), " " + fmt(values[j], st.textVw ? 3 : 2));
+      item.append(el("b", {}, quoted(j)), el("span", { class: "ctx" }, context(j)), " " + fmt(values[j], st.textVw ? 3 : 2));
       item.addEventListener("mouseenter", () => $(`t-tok-${j}`).classList.add("hl")); // which "e" of several
       item.addEventListener("mouseleave", () => $(`t-tok-${j}`).classList.remove("hl"));
       list.append(item);
