@@ -95,7 +95,7 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    load_before = _report.load_average()
+    machine = _report.machine(torch_threads=True)  # with the load average before the run
     model = gpt2_small(args.tokens, args.attn_impl)
     idx = torch.randint(0, 50257, (1, args.tokens), generator=torch.Generator().manual_seed(1))
     n_layer, n_head = model.config.n_layer, model.config.n_head
@@ -134,17 +134,18 @@ def run(args: argparse.Namespace) -> None:
     print("\n".join(rows))
     if agreement:
         print(agreement)
-    print(f"delta loss range: {np.min(dloss):.4f} .. {np.max(dloss):.4f} nats; {load_before}; "
-          f"load average after {_report.load_average().split()[-3:]}")
+    load_after = " ".join(_report.load_average().split()[-3:])
+    print(f"delta loss range: {np.min(dloss):.4f} .. {np.max(dloss):.4f} nats; {machine}; "
+          f"load average after the run {load_after}")
     if args.no_save:
         return
     section = [f"## Head ablation at GPT-2 small's shape ({_report.timestamp()})", "",
-               f"- Machine: {_report.machine(torch_threads=True)}; {_report.cpu_bf16_support()}",
+               f"- Machine: {machine}; {_report.cpu_bf16_support()}",
                f"- Command: `{_report.command('ablation_speed.py')}`",
                f"- 12 layers x 12 heads, d_model 768, vocab 50257, {args.tokens} tokens, batch 1, random weights, "
                f"float32, attn_impl {args.attn_impl}, mode {args.mode}; ablation_dloss median of {args.rounds} "
                f"call(s) after a warm-up; the naive row times {args.naive_heads} heads and scales to 144.",
-               f"- Load average after the run: {' '.join(_report.load_average().split()[-3:])}"
+               f"- Load average after the run: {load_after}"
                + (f"; {agreement}" if agreement else ""), "", *rows]
     print(f"appended to {_report.append_section(section)}")
 
