@@ -21,6 +21,13 @@ serialise to a small JSON dict (`to_json`) and come back through `tokenizer_from
 
 Ids outside the vocabulary (a model whose embedding is padded past `vocab_size` can sample them) decode
 to U+FFFD rather than crashing a sampling run.
+
+Probing a model with random text (insight/roles.py) needs the tokenizer's ordinary tokens, the ones text
+is made of: `ordinary_ids()` is every id of the vocabulary but its special tokens (<|endoftext|>, <s>, ...),
+ids the encoding leaves unassigned, and never a padded embedding's extra ids. `start_id` opens a sequence
+the way training data does: the end-of-text / beginning-of-sequence token where the tokenizer has one
+(BOS first: a Llama model is trained with <s> first), else the newline a char prompt starts from (id 0
+without one).
 """
 from __future__ import annotations
 
@@ -54,6 +61,9 @@ class Tokenizer(Protocol):
         """Each token's own text, as is (axis labels are made from it by insight.heatmap.token_label);
         an id outside the vocabulary is shown as '<id>'."""
     def prompt_ids(self, text: str) -> list[int]: ...
+    def ordinary_ids(self) -> np.ndarray: ...
+    @property
+    def start_id(self) -> int: ...
     def to_json(self) -> dict[str, Any]: ...
 
 
@@ -115,7 +125,16 @@ class CharTokenizer:
         """`encode(text)`, but never empty: an empty prompt starts from a newline (else id 0)."""
         if text:
             return self.encode(text)
-        return [self._stoi.get("\n", 0)]
+        return [self.start_id]
+
+    def ordinary_ids(self) -> np.ndarray:
+        """Every id, (vocab_size,) int64: a char vocabulary has no special tokens."""
+        return np.arange(self.vocab_size, dtype=np.int64)
+
+    @property
+    def start_id(self) -> int:
+        """The newline, where a char prompt starts (module doc); id 0 for a corpus without one."""
+        return self._stoi.get("\n", 0)
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": "char", "chars": self.chars}
@@ -178,11 +197,33 @@ class TiktokenTokenizer:
         ids = self.encode(text)
         return ids if ids else [self._enc.eot_token]
 
+    def ordinary_ids(self) -> np.ndarray:
+        """Ids of the encoding's byte-pair tokens, int64 ascending: special tokens and unassigned ids
+        (cl100k_base has gaps between its specials) left out; GPT-2's are 0..50255."""
+        if getattr(self, "_ordinary", None) is None:
+            special = {self._enc.encode_single_token(t) for t in self._enc.special_tokens_set}
+            self._ordinary = np.array([i for i in range(self.vocab_size)
+                                       if i not in special and _tiktoken_assigned(self._enc, i)], dtype=np.int64)
+        return self._ordinary.copy()  # the cache stays as it is whatever the caller does with the array
+
+    @property
+    def start_id(self) -> int:
+        """<|endoftext|>, which starts every document of prepared data."""
+        return int(self._enc.eot_token)
+
     def to_json(self) -> dict[str, Any]:
         return {"kind": "tiktoken", "encoding": self.name, "vocab_size": self.vocab_size}
 
     def __repr__(self) -> str:
         return f"TiktokenTokenizer({self.name!r}, vocab_size={self.vocab_size})"
+
+
+def _tiktoken_assigned(enc: Any, i: int) -> bool:
+    try:
+        enc.decode_single_token_bytes(i)
+        return True
+    except KeyError:
+        return False
 
 
 def check_tokenizer_name(name: str) -> None:
@@ -374,6 +415,20 @@ class HFTokenizer:
             return ids
         fallback = self.bos if self.bos is not None else self._eot
         return [fallback if fallback is not None else 0]
+
+    def ordinary_ids(self) -> np.ndarray:
+        """Ids of the vocabulary's tokens but the special ones (<s>, </s>, <unk>, ...), int64 ascending."""
+        special = {i for i, t in self._tk.get_added_tokens_decoder().items() if t.special}
+        return np.array([i for i in range(self._vocab_size)
+                         if i not in special and self._tk.id_to_token(i) is not None], dtype=np.int64)
+
+    @property
+    def start_id(self) -> int:
+        """The beginning-of-sequence id, else the end-of-sequence id, else the first ordinary id."""
+        for candidate in (self.bos, self._eot):
+            if candidate is not None:
+                return candidate
+        return int(self.ordinary_ids()[0])
 
     def to_json(self) -> dict[str, Any]:
         """In memory: names the file it was read from (stored_tokenizer gives the description to write)."""

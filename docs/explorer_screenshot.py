@@ -1,8 +1,14 @@
-"""The README's picture of the explorer: a page written by `sample.py --dump-attn`, photographed by
-headless Chromium (the browser the tests drive) with one layer, some heads and one query chosen.
+"""The README's pictures of the explorer: a page written by `sample.py --dump-attn`, photographed by
+headless Chromium (the browser the tests drive) with one view, one layer, some heads and one query chosen.
 
     python sample.py --prompt "..." --dump-attn all --dump-dir /tmp/dump --max-new-tokens 0
     python docs/explorer_screenshot.py /tmp/dump/attention.html docs/explorer_small.png --layer 1 --heads 0,2 --query 71
+    python docs/explorer_screenshot.py /tmp/dump/attention.html docs/explorer_text_view.png --view text --layer 0 --heads 1 --query 44
+    python docs/explorer_screenshot.py /tmp/dump/attention.html docs/explorer_statistics.png --view stats --sort-by induction
+
+--view head (the default) switches --heads on in the head view; --view text shows the first of --heads
+(or --focus) in the text view, the query pinned; --view stats shows the Statistics tab, sorted by a column
+(--sort-by, twice for largest first with --descending).
 
 The PNG is reduced to a 256-colour palette (Pillow, which matplotlib installs) to keep the repository small.
 """
@@ -25,6 +31,9 @@ def main() -> None:
     p.add_argument("--value-weighted", action="store_true")
     p.add_argument("--sort", action="store_true", help="the step-by-step rows largest weight first")
     p.add_argument("--size", default="1400,820", help="window width,height in CSS pixels")
+    p.add_argument("--view", choices=["head", "text", "stats"], default="head", help="which tab to photograph")
+    p.add_argument("--sort-by", help="--view stats: the column to sort by (e.g. induction, ablation_dloss)")
+    p.add_argument("--descending", action="store_true", help="--view stats: largest first")
     args = p.parse_args()
 
     from selenium import webdriver
@@ -41,6 +50,7 @@ def main() -> None:
         while driver.execute_script("return document.documentElement.dataset.detail !== '1'"):
             time.sleep(0.05)
         heads = [int(h) for h in args.heads.split(",")]
+        driver.find_element(By.ID, "tab-head").click()
         Select(driver.find_element(By.ID, "layer-select")).select_by_value(str(args.layer))
         n_head = driver.execute_script("return window.attnExplorer.meta.n_head")
         for h in range(n_head):
@@ -58,6 +68,17 @@ def main() -> None:
         # show the chosen query's rows: scroll the head view so the query sits near the bottom
         driver.execute_script("""const s = document.getElementById('head-scroll');
             s.scrollTop = Math.max(0, (arguments[0] + 2) * 18 - s.clientHeight); window.scrollTo(0, 0);""", query)
+        if args.view == "text":
+            driver.find_element(By.ID, "tab-text").click()
+            if args.value_weighted:
+                driver.find_element(By.ID, "text-vw").click()
+            driver.find_element(By.ID, f"t-tok-{query}").click()
+        elif args.view == "stats":
+            driver.find_element(By.ID, "tab-stats").click()
+            if args.sort_by:
+                header = driver.find_element(By.CSS_SELECTOR, f"#stats-table th[data-col='{args.sort_by}']")
+                for _ in range(2 if args.descending else 1):
+                    header.click()
         driver.find_element(By.TAG_NAME, "h1").click()  # move the pointer off the tokens
         driver.save_screenshot(str(args.png))
     finally:

@@ -1,6 +1,9 @@
 """What we learn from attention maps: per-head statistics, heatmaps and dumps.
 
-    stats.py    entropy, sink mass, mean distance, decay exponent per head
+    stats.py    entropy, sink mass, mean distance, decay exponent (and its fit's R²) per head
+    roles.py    head roles: previous-token, duplicate-token and induction scores on a seeded role probe
+    ablation.py the loss a head's removal costs (zero or mean ablation), per-position losses
+    icl.py      the in-context-learning score: late minus early loss
     heatmap.py  a layer's heads as one grid of heatmaps (matplotlib, imported lazily)
     dump.py     `sample.py --dump-attn`: attn.npz + heatmaps over a prompt
 

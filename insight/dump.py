@@ -11,6 +11,18 @@ attn.npz holds, for each dumped layer L (T = the prompt's tokens):
                                                 key j moves query i's output (Kobayashi et al. 2020)
 and `tokens` (each token's text), `token_ids` (exact ids). The value arrays are written when the dump
 is made from GPT.attention_internals (`dump_internals`, what sample.py does).
+
+sample.py also writes what each head does (`prompt_head_scores`), for EVERY layer of the model whatever
+--dump-attn selects, each (n_layer, n_head) float32 (insight/roles.py, insight/ablation.py define them):
+    head_prev_token       mean alpha_{i,i-1} over the prompt's queries i >= 1
+    head_duplicate_token  on the role probe (start token, R random ordinary tokens, the same R again;
+    head_induction        ROLE_BATCH sequences, seeded): mean weight from each second-copy query i to
+                          i - R (its token's earlier occurrence) / to i - R + 1 (the token that followed it)
+    head_ablation_dloss   the prompt's mean next-token loss (nats) with the head's output zeroed before
+                          out_proj, minus the intact model's: > 0 = the model needs the head on this prompt
+A 1-token prompt has no next token and no previous one: head_prev_token and head_ablation_dloss are NaN
+(sample.py says so). The explorer's Statistics tab shows these beside the statistics of the maps, with a
+role label per head (insight.roles.role_label, thresholds ROLE_THRESHOLDS).
 """
 from __future__ import annotations
 
@@ -20,10 +32,15 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from insight.explorer import write_explorer
+from insight.ablation import ablation_dloss
+from insight.explorer import HEAD_SCORE_NAMES, write_explorer
 from insight.heatmap import draw_heatmap
+from insight.roles import head_role_scores, prev_token_score, probe_length, role_probe
 from insight.value_weighted import internals_value_norms
 from model.attention import AttentionInternals
+
+ROLE_BATCH = 8  # role-probe sequences, as training's attn.role_batch default
+ROLE_SEED = 0  # the probe is the same for every dump: scores of two models compare
 
 
 def parse_layer_heads(spec: str, n_layer: int, n_head: int) -> dict[int, list[int]]:
@@ -53,16 +70,57 @@ def parse_layer_heads(spec: str, n_layer: int, n_head: int) -> dict[int, list[in
     return selected
 
 
+@torch.no_grad()
+def prompt_head_scores(model, idx: torch.Tensor, tokenizer, role_batch: int = ROLE_BATCH,
+                       seed: int = ROLE_SEED) -> tuple[dict[str, np.ndarray], str]:
+    """What each head of every layer does (module doc): ({name: (n_layer, n_head) float32} for every name
+    of HEAD_SCORE_NAMES, a note that says what they were measured on and why any is NaN). idx (1, T): the
+    prompt; tokenizer gives the role probe's ordinary ids and start id. Eval mode, from-scratch path; the
+    model's mode is left as it was."""
+    T = idx.shape[1]
+    n_layer, n_head = model.config.n_layer, model.config.n_head
+    nan = np.full((n_layer, n_head), np.nan)
+    R = probe_length(model.config.block_size)
+    probe = None
+    if R >= 1:
+        probe = role_probe(tokenizer.ordinary_ids(), tokenizer.start_id, model.config.block_size,
+                           batch=role_batch, seed=seed).to(idx.device)
+        probe_note = (f"duplicate_token and induction on the role probe ({role_batch} × a start token, {R} random "
+                      f"tokens and the same {R} again, seed {seed})")
+    else:
+        probe_note = (f"duplicate_token and induction are NaN: block_size {model.config.block_size} leaves no room "
+                      f"for the role probe (a start token and two copies)")
+    if probe is not None:  # a 1-token prompt has no prev_token score: the probe stands in, its score dropped
+        roles = head_role_scores(model, idx if T >= 2 else probe, probe)
+        roles = {**roles, "prev_token": roles["prev_token"] if T >= 2 else nan}
+    else:
+        maps = model.attention_maps(idx)  # {layer: (1, n_head, T, T)}, eval mode
+        roles = {"prev_token": np.stack([prev_token_score(maps[layer]) for layer in range(n_layer)]),
+                 "duplicate_token": nan, "induction": nan}
+    if T >= 2:
+        dloss = ablation_dloss(model, idx, mode="zero")
+        prompt_note = f"prev_token and ablation Δloss over the prompt's {T} tokens"
+    else:
+        dloss = np.full((n_layer, n_head), np.nan)
+        prompt_note = ("prev_token and ablation Δloss are NaN: a 1-token prompt has no previous token and no "
+                       "next token to predict (give a longer prompt)")
+    note = f"{prompt_note}; {probe_note}; ablation: the head's output zeroed before out_proj"
+    scores = {**roles, "ablation_dloss": dloss}
+    return {name: np.asarray(scores[name], dtype=np.float32) for name in HEAD_SCORE_NAMES}, note
+
+
 def dump_attention(weights_by_layer: dict[int, torch.Tensor], heads_by_layer: dict[int, list[int]],
                    tokens: Sequence[str], out_dir: str | Path,
                    token_ids: Sequence[int] | None = None,
-                   value_norms: dict[int, torch.Tensor] | None = None) -> list[Path]:
+                   value_norms: dict[int, torch.Tensor] | None = None,
+                   head_scores: dict[str, np.ndarray] | None = None) -> list[Path]:
     """Write `attn.npz` (per layer `layer_L`: all heads (n_head, T, T) float32, `heads_L`: the selected heads;
     `tokens`: the token strings; `token_ids`: the ids, when given - exact where a numpy string array is not,
     e.g. it drops a token's trailing NUL) and one heatmap `layer_L.png` of the selected heads per layer.
     weights_by_layer holds (n_head, T, T) maps, e.g. GPT.attention_maps(idx)[L][0]. value_norms, when
     given, holds (n_head, T) ||v_j W_O^h|| per layer (insight.value_weighted): then `value_norm_L` and
-    `value_weighted_L` are written too (see the module docstring)."""
+    `value_weighted_L` are written too (see the module docstring). head_scores, when given, holds
+    {name: (n_layer, n_head)} arrays (`prompt_head_scores`), written as `head_{name}` float32."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     arrays: dict[str, np.ndarray] = {"tokens": np.array(list(tokens), dtype=str)}
@@ -82,19 +140,25 @@ def dump_attention(weights_by_layer: dict[int, torch.Tensor], heads_by_layer: di
         png = out_dir / f"layer_{layer}.png"
         draw_heatmap(w, tokens, title=f"layer {layer}", path=png, heads=heads)
         written.append(png)
+    for name, values in (head_scores or {}).items():
+        arrays[f"head_{name}"] = np.asarray(values, dtype=np.float32)
     np.savez(out_dir / "attn.npz", **arrays)
     return [out_dir / "attn.npz", *written]
 
 
 def dump_internals(internals: dict[int, AttentionInternals], heads_by_layer: dict[int, list[int]],
                    tokens: Sequence[str], out_dir: str | Path, token_ids: Sequence[int] | None = None,
-                   title: str = "attngpt attention", n_layer: int | None = None) -> list[Path]:
+                   title: str = "attngpt attention", n_layer: int | None = None,
+                   head_scores: dict[str, np.ndarray] | None = None, scores_note: str = "") -> list[Path]:
     """What sample.py --dump-attn writes, from GPT.attention_internals(idx, layers) of one prompt (B = 1):
-    `attn.npz` with the value-weighted arrays, a heatmap per layer and `attention.html` (the explorer,
-    its selected heads first). Returns the paths written."""
+    `attn.npz` with the value-weighted arrays (and the head scores, when given: `prompt_head_scores`), a
+    heatmap per layer and `attention.html` (the explorer, its selected heads first; the scores and
+    scores_note in its Statistics tab). Returns the paths written."""
     out_dir = Path(out_dir)
     written = dump_attention({layer: it.weights[0] for layer, it in internals.items()}, heads_by_layer, tokens,
                              out_dir, token_ids=token_ids,
-                             value_norms={layer: internals_value_norms(it)[0] for layer, it in internals.items()})
-    html = write_explorer(out_dir / "attention.html", internals, tokens, heads_by_layer, title=title, n_layer=n_layer)
+                             value_norms={layer: internals_value_norms(it)[0] for layer, it in internals.items()},
+                             head_scores=head_scores)
+    html = write_explorer(out_dir / "attention.html", internals, tokens, heads_by_layer, title=title, n_layer=n_layer,
+                          head_scores=head_scores, scores_note=scores_note)
     return [*written, html]

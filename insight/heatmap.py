@@ -1,5 +1,12 @@
 """Heatmaps of attention maps: every head of a layer as one grid of pictures, with token labels.
 
+Colour follows √weight (matplotlib's PowerNorm(0.5)), the colour bar labelled in weights: on a linear
+scale a 256-key row's typical weight (~0.004) and a previous-token diagonal of 0.2 among peaks of 1
+are all near-black, while √ maps 0.01 to a tenth of the scale and 0.25 to half of it.
+
+    draw_heatmap(weights, tokens, title, path)        # every head, the whole map (numbered ticks beyond 48 tokens)
+    draw_heatmap_zoom(weights, tokens, path, title)   # the last 64 queries over their last 64 keys, token labels
+
 Drawing uses matplotlib's object API (Figure + the Agg canvas), imported lazily: importing this module
 stays cheap, nothing touches pyplot's global state or needs a display, and a figure is freed as soon
 as it is no longer referenced (no plt.close needed).
@@ -16,10 +23,15 @@ import torch
 from insight.stats import ArrayLike
 
 if TYPE_CHECKING:
+    from matplotlib.colors import Normalize
     from matplotlib.figure import Figure
 
 LABEL_MAX_T = 48  # token labels on the axes up to this many positions; numbered ticks beyond
+ZOOM_LAST = 64  # draw_heatmap_zoom's default: the last 64 queries over their last 64 keys
+COLOUR_GAMMA = 0.5  # colour ∝ weight ** 0.5
+_LABEL_PT = 6.0  # the smallest tick label that reads: 6 pt (8 px at dpi 100)
 _SPECIAL = {"\n": "⏎", " ": "␣", "\t": "⇥", "$": r"\$"}  # '$' would start matplotlib mathtext
+_TICK_CANDIDATES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
 
 
 def token_label(token: str, max_len: int = 8) -> str:
@@ -39,65 +51,142 @@ def token_label(token: str, max_len: int = 8) -> str:
     return text if len(text) <= max_len else text[: max_len - 1] + "…"
 
 
+def weight_norm(vmax: float) -> "Normalize":
+    """The colour scale of every heatmap: 0 .. vmax mapped through √ (PowerNorm(0.5)), so a weight of
+    0.01 on a scale to 1 takes a tenth of the colours instead of a hundredth."""
+    from matplotlib.colors import PowerNorm
+    return PowerNorm(gamma=COLOUR_GAMMA, vmin=0.0, vmax=max(float(vmax), 1e-12))
+
+
+def colour_bar_ticks(vmax: float) -> list[float]:
+    """Round weights for the colour bar, spread evenly along the √ scale: 0, then values from 0.001 .. 1 at
+    least an eighth of the bar apart (of the bar's length, which is √(w / vmax)), and vmax's own position
+    when no round value is near the top."""
+    vmax = max(float(vmax), 1e-12)
+    ticks = [0.0]
+    for t in _TICK_CANDIDATES:
+        if t <= vmax and math.sqrt(t / vmax) - math.sqrt(ticks[-1] / vmax) >= 0.125:
+            ticks.append(t)
+    if 1.0 - math.sqrt(ticks[-1] / vmax) >= 0.125:
+        ticks.append(float(f"{vmax:.2g}") if float(f"{vmax:.2g}") <= vmax else vmax)
+    return ticks
+
+
+def _maps(weights: ArrayLike, tokens: Sequence[str] | None, who: str) -> np.ndarray:
+    w = torch.as_tensor(weights).detach().float().cpu().numpy()
+    if w.ndim != 3 or w.shape[1] != w.shape[2]:
+        raise ValueError(f"{who} takes (n_head, T, T) weights (pick one batch item), got {w.shape}")
+    if tokens is not None and len(tokens) != w.shape[1]:
+        raise ValueError(f"{len(tokens)} tokens for T={w.shape[1]} positions")
+    return w
+
+
+def _heads(heads: Sequence[int] | None, n_head: int) -> list[int]:
+    heads = list(range(n_head)) if heads is None else [int(h) for h in heads]
+    if not heads or any(not 0 <= h < n_head for h in heads):
+        raise ValueError(f"heads={heads}: must be a non-empty list in 0..{n_head - 1}")
+    return heads
+
+
+def _draw_grid(panels: np.ndarray, heads: list[int], ticks: list[int], names: list[str], panel: float,
+               fontsize: float, rotate: bool, title: str, xlabel: str, ylabel: str,
+               every_panel: bool = False) -> "Figure":
+    """panels (len(heads), n, n), the causal maps or their causal crops (the future is the upper triangle),
+    as a near-square grid titled "head h"; tick labels on the outer edges of the grid (every panel's
+    edges with every_panel); one √ colour scale."""
+    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    n = panels.shape[-1]
+    ncols = math.ceil(math.sqrt(len(heads)))
+    nrows = math.ceil(len(heads) / ncols)
+    fig = Figure(figsize=(ncols * panel + 1.0, nrows * panel + 0.8), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    future = np.triu(np.ones((n, n), dtype=bool), k=1)  # (n, n): keys a query cannot see
+    vmax = max(float(np.nanmax(panels)), 1e-12)
+    norm = weight_norm(vmax)
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#d9d9d9")
+    image = None
+    for k, (ax, h) in enumerate(zip(axes, heads)):
+        image = ax.imshow(np.ma.masked_array(panels[k], mask=future), cmap=cmap, norm=norm,
+                          interpolation="nearest", aspect="equal")
+        ax.set_title(f"head {h}", fontsize=9)
+        bottom, left = k + ncols >= len(heads) or every_panel, k % ncols == 0 or every_panel
+        ax.set_xticks(ticks, names if bottom else [], rotation=90 if rotate else 0, fontsize=fontsize)
+        ax.set_yticks(ticks, names if left else [], fontsize=fontsize)
+        ax.tick_params(length=0)
+    for ax in axes[len(heads):]:
+        ax.set_axis_off()
+    fig.supxlabel(xlabel, fontsize=9)
+    fig.supylabel(ylabel, fontsize=9)
+    bar = fig.colorbar(image, ax=list(axes[: len(heads)]), shrink=min(1.0, 0.4 + 0.3 * nrows) * 0.8,
+                       aspect=20 * nrows, label="attention weight (colour ∝ √weight)")
+    ticks_w = colour_bar_ticks(vmax)
+    bar.set_ticks(ticks_w, labels=[f"{t:.2g}" for t in ticks_w])
+    if title:
+        fig.suptitle(title, fontsize=11)
+    return fig
+
+
 def draw_heatmap(weights: ArrayLike, tokens: Sequence[str] | None = None, title: str = "",
                  path: str | Path | None = None, heads: Sequence[int] | None = None) -> "Figure":
     """Draw attention maps (n_head, T, T) as a near-square grid of heatmaps, one per head, titled "head h".
 
     tokens (length T, shown via `token_label`) label both outer axes of the grid when T <= LABEL_MAX_T
     and the panels can be made big enough for 6 pt labels within the size cap (fewer heads: bigger
-    panels); otherwise ticks are numbered positions (draw fewer `heads` to get the tokens back).
-    Colours share one scale, 0 .. the largest weight shown, with one colour bar; the masked future
-    (upper triangle) is light grey. heads picks which heads to draw (default all). Always returns
-    the Figure (a pyplot-free Agg figure: freed once unreferenced); when path is given it is also
-    saved there as a PNG at dpi 100.
+    panels); otherwise ticks are numbered positions (draw fewer `heads`, or `draw_heatmap_zoom`, to get
+    the tokens back). Colours share one scale, 0 .. the largest weight shown, through √ (`weight_norm`),
+    with one colour bar labelled in weights; the masked future (upper triangle) is light grey. heads
+    picks which heads to draw (default all). Always returns the Figure (a pyplot-free Agg figure: freed
+    once unreferenced); when path is given it is also saved there as a PNG at dpi 100.
     """
-    import matplotlib
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    w = torch.as_tensor(weights).detach().float().cpu().numpy()
-    if w.ndim != 3 or w.shape[1] != w.shape[2]:
-        raise ValueError(f"draw_heatmap takes (n_head, T, T) weights (pick one batch item), got {w.shape}")
+    w = _maps(weights, tokens, "draw_heatmap")
     n_head, T, _ = w.shape
-    heads = list(range(n_head)) if heads is None else [int(h) for h in heads]
-    if not heads or any(not 0 <= h < n_head for h in heads):
-        raise ValueError(f"heads={heads}: must be a non-empty list in 0..{n_head - 1}")
-    if tokens is not None and len(tokens) != T:
-        raise ValueError(f"{len(tokens)} tokens for T={T} positions")
+    heads = _heads(heads, n_head)
     ncols = math.ceil(math.sqrt(len(heads)))
     nrows = math.ceil(len(heads) / ncols)
     max_panel = min(5.0, 16.0 / ncols, 14.0 / nrows)  # inches per heatmap: whole figure at most ~17 x 15
     label_panel = max(2.5, T / 9.6)  # fits T labels at 6 pt (8 px at dpi 100), the least that reads
     labelled = tokens is not None and T <= LABEL_MAX_T and label_panel <= max_panel
     panel = label_panel if labelled else min(2.5, max_panel)
-    labels = [token_label(t) for t in tokens] if labelled else None
     fontsize = min(8.0, 0.8 * panel * 72 / T) if labelled else 7.0
     ticks = list(range(T)) if labelled else list(range(0, T, max(1, math.ceil(T / 8))))  # ~8 numbered ticks
-    names = labels if labelled else [str(t) for t in ticks]
+    names = [token_label(t) for t in tokens] if labelled else [str(t) for t in ticks]
+    fig = _draw_grid(w[heads], heads, ticks, names, panel, fontsize, labelled, title, "key", "query")
+    if path is not None:
+        fig.savefig(path, format="png", dpi=100)
+    return fig
 
-    fig = Figure(figsize=(ncols * panel + 1.0, nrows * panel + 0.8), dpi=100, layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
-    future = np.triu(np.ones((T, T), dtype=bool), k=1)  # (T, T): keys a query cannot see
-    vmax = max(float(np.nanmax(w[heads])), 1e-12)
-    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#d9d9d9")
-    image = None
-    for k, (ax, h) in enumerate(zip(axes, heads)):
-        image = ax.imshow(np.ma.masked_array(w[h], mask=future), cmap=cmap, vmin=0.0, vmax=vmax,
-                          interpolation="nearest", aspect="equal")
-        ax.set_title(f"head {h}", fontsize=9)
-        bottom, left = k + ncols >= len(heads), k % ncols == 0  # label only the outer edges of the grid
-        ax.set_xticks(ticks, names if bottom else [], rotation=90 if labelled else 0, fontsize=fontsize)
-        ax.set_yticks(ticks, names if left else [], fontsize=fontsize)
-        ax.tick_params(length=0)
-    for ax in axes[len(heads):]:
-        ax.set_axis_off()
-    fig.supxlabel("key", fontsize=9)
-    fig.supylabel("query", fontsize=9)
-    fig.colorbar(image, ax=list(axes[: len(heads)]), shrink=min(1.0, 0.4 + 0.3 * nrows) * 0.8,
-                 aspect=20 * nrows, label="attention weight")
-    if title:
-        fig.suptitle(title, fontsize=11)
+
+def draw_heatmap_zoom(weights: ArrayLike, tokens: Sequence[str] | None, path: str | Path | None = None,
+                      title: str = "", last: int = ZOOM_LAST, heads: Sequence[int] | None = None) -> "Figure":
+    """The corner of the maps (n_head, T, T) where the latest queries meet their nearest keys: queries
+    T-n..T-1 over keys T-n..T-1, n = min(last, T), every head (or `heads`), each tick of every panel
+    labelled with its token (`token_label`, 7.5 pt: panels grow with n, not capped like draw_heatmap's). This is
+    where a previous-token diagonal or an induction stripe shows at block 256, where the full map gives
+    each cell a pixel or less. A crop's rows hold only part of each query's weight (the rest is on
+    earlier keys), so the colour scale (√, as draw_heatmap's) runs to the largest weight in the crop.
+    Returns the Figure; saved as a PNG at dpi 100 when path is given. The images' data arrays are
+    exactly weights[h, T-n:, T-n:] (future masked)."""
+    w = _maps(weights, tokens, "draw_heatmap_zoom")
+    n_head, T, _ = w.shape
+    if int(last) < 1:
+        raise ValueError(f"last={last}: the zoom needs at least one query")
+    heads = _heads(heads, n_head)
+    n = min(int(last), T)
+    start = T - n
+    panel = max(2.5, n / 7.7)  # n labels at 7.5 pt, a label every 0.8 of its height
+    fontsize = min(8.0, 0.8 * panel * 72 / n)
+    ticks = list(range(n))
+    names = ([token_label(t) for t in tokens[start:]] if tokens is not None
+             else [str(start + i) for i in ticks])
+    span = f"positions {start}..{T - 1}" if n > 1 else f"position {start}"
+    head_line = f"last {n} queries × their last {n} keys ({span} of {T})"
+    fig = _draw_grid(w[heads][:, start:, start:], heads, ticks, names, panel, fontsize, True,
+                     f"{title}: {head_line}" if title else head_line, f"key ({span})", f"query ({span})",
+                     every_panel=True)
     if path is not None:
         fig.savefig(path, format="png", dpi=100)
     return fig

@@ -17,6 +17,7 @@ _EXPORTS = {
     "causal_mask": "model.attention",
     "repeat_kv": "model.attention",
     "AttentionInternals": "model.attention",
+    "HeadPatch": "model.attention",
 }
 
 __all__ = list(_EXPORTS)

@@ -101,6 +101,25 @@ class AttentionInternals:
     out_bias: torch.Tensor | None  # (d_model,): out_proj.bias (added once per query, not per key), or None
 
 
+@dataclass
+class HeadPatch:
+    """Chosen heads' outputs replaced before out_proj mixes them: head h's output for batch row b is
+    out[b, h] (T, head_dim), what W_O^h = out_proj.weight[:, h * head_dim:(h + 1) * head_dim] reads.
+
+    Batch rows may patch different heads (keep has one row per batch row), so one forward pass can try
+    several interventions side by side; a single row (1, n_head) applies to every batch row."""
+    keep: torch.Tensor  # bool (B or 1, n_head): False = this head's output is replaced in this batch row
+    values: torch.Tensor | None = None  # broadcastable to (B, n_head, T, head_dim), e.g. (1, n_head, 1, head_dim)
+    #                                     a mean over positions; None = zeros
+
+    def apply(self, out: torch.Tensor) -> torch.Tensor:
+        """out (B, n_head, T, head_dim) -> the same with the replaced heads' outputs swapped in."""
+        keep = self.keep.to(out.device)[:, :, None, None]  # (B or 1, n_head, 1, 1)
+        if self.values is None:
+            return out * keep.to(out.dtype)
+        return torch.where(keep, out, self.values.to(device=out.device, dtype=out.dtype))
+
+
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     """(B, n_kv_head, T, head_dim) -> (B, n_kv_head * n_rep, T, head_dim), each kv head repeated n_rep times
     in a row, so query head h reads kv head h // n_rep."""
@@ -126,6 +145,7 @@ class CausalSelfAttention(nn.Module):
         self.out_proj = nn.Linear(config.n_head * config.head_dim, config.d_model, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.kv_cache = None  # a model.kv_cache.KVCache while generating with a cache
+        self.head_patch: HeadPatch | None = None  # heads whose outputs are replaced (module doc); None = none
 
     def project_qkv(self, x: torch.Tensor, rope: torch.Tensor | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -191,5 +211,7 @@ class CausalSelfAttention(nn.Module):
                     q, repeat_kv(k, n_rep), repeat_kv(v, n_rep),
                     attn_mask=sdpa_mask, is_causal=mask is None, dropout_p=dropout_p)  # (B, n_head, T, head_dim)
 
+        if self.head_patch is not None:
+            out = self.head_patch.apply(out)  # (B, n_head, T, head_dim)
         y = out.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)  # heads side by side again
         return self.resid_dropout(self.out_proj(y)), weights

@@ -125,13 +125,8 @@ class GPT(nn.Module):
             if caching and kv_len is not None:
                 mask = mask[:, :kv_len]
 
-        x = self.tok_emb(idx)  # (B, T, d_model)
-        if self.pos_emb is not None:
-            x = x + self.pos_emb(positions)
-        x = self.emb_dropout(x)
-        rope = None
-        if self.config.pos == "rope":
-            rope = self.rope_freqs[:T] if input_pos is None else self.rope_freqs[positions]  # (T, head_dim/2)
+        x = self._embed(idx, positions)  # (B, T, d_model)
+        rope = self._rope(T, input_pos)
 
         maps: dict[int, torch.Tensor] = {}
         for layer, block in enumerate(self.blocks):
@@ -139,6 +134,49 @@ class GPT(nn.Module):
             if weights is not None:
                 maps[layer] = weights
         return self.final_norm(x), maps
+
+    def _embed(self, idx: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Token ids (B, T) at absolute positions (T,) -> the residual stream entering block 0, (B, T, d_model)."""
+        x = self.tok_emb(idx)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(positions)
+        return self.emb_dropout(x)
+
+    def _rope(self, T: int, input_pos: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The RoPE rotations (T, head_dim/2, 2) of positions 0..T-1, or of input_pos; None without RoPE."""
+        if self.config.pos != "rope":
+            return None
+        return self.rope_freqs[:T] if input_pos is None else self.rope_freqs[input_pos]
+
+    def residual_stream(self, idx: torch.Tensor) -> list[torch.Tensor]:
+        """The residual stream of a plain forward pass over idx (B, T): n_layer + 1 tensors (B, T, d_model),
+        entry l the input of block l and the last one the last block's output (before the final norm).
+        With `hidden_from` it lets an intervention in layer l re-run layers l.. only (insight/ablation.py)."""
+        T = idx.shape[1]
+        self._check_plain_pass("residual_stream", T)
+        stream = [self._embed(idx, torch.arange(T, device=idx.device))]  # (B, T, d_model) each
+        rope = self._rope(T)
+        for block in self.blocks:
+            stream.append(block(stream[-1], rope)[0])
+        return stream
+
+    def _check_plain_pass(self, name: str, T: int) -> None:
+        if self.blocks[0].attn.kv_cache is not None:
+            raise ValueError(f"{name} runs without a KV cache: call clear_kv_cache() first")
+        if T > self.config.block_size:
+            raise ValueError(f"sequence of {T} tokens is longer than block_size={self.config.block_size}")
+
+    def hidden_from(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """Final hidden states (B, T, d_model) from x (B, T, d_model), the residual stream entering block
+        `layer` (residual_stream(idx)[layer]): blocks layer..n_layer-1 (plain causal attention over x's T
+        positions 0..T-1, no cache) and the final norm. hidden_from(0, residual_stream(idx)[0]) computes
+        what forward(idx) does. Pass logits() the result for token scores."""
+        self._layer_list([layer])
+        self._check_plain_pass("hidden_from", x.shape[1])
+        rope = self._rope(x.shape[1])
+        for block in self.blocks[layer:]:
+            x = block(x, rope)[0]
+        return self.final_norm(x)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 input_pos: torch.Tensor | None = None,

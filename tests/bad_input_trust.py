@@ -81,7 +81,7 @@ MORE_DAMAGE: dict[str, tuple[str, Callable[[Path, Path], None]]] = {
 }
 
 TORCHRUN = "torchrun sets them all"
-STATS_ROW = "0,0,0,0.5,0.1,1.0,1.0\n"  # a stats.csv row at step 0, kept by a run that starts at step 0
+STATS_ROW = "0,0,0,0.5,0.1,1.0,1.0,0.9\n"  # a stats.csv row at step 0, kept by a run that starts at step 0
 FULL = 100_000  # the file-size limit (bytes) of the "disk full" cases: files already this big cannot grow
 
 def more_cases(Case: Any, TRAIN: tuple[str, ...], RESUME: tuple[str, ...]) -> list[Any]:  # noqa: N803
@@ -109,7 +109,7 @@ def more_cases(Case: Any, TRAIN: tuple[str, ...], RESUME: tuple[str, ...]) -> li
              "the disk fills up while attn/stats.csv is written (simulated: it is at a 100 kB file-size limit)",
              (*TRAIN, "train.peak_flops=1e12", "train.max_iters=2", "eval.interval=2", "eval.iters=1"),
              ("could not write", "attn/stats.csv' (File too large)", "Free disk space"),
-             files={"out/attn/stats.csv": "step,layer,head,entropy,sink_mass,mean_distance,decay_gamma\n"
+             files={"out/attn/stats.csv": "step,layer,head,entropy,sink_mass,mean_distance,decay_gamma,decay_r2\n"
                                           + STATS_ROW * (FULL // len(STATS_ROW) + 1)}, file_size_limit=FULL),
         # --- a resume checks what it resumes ------------------------------------------------------------------
         Case("train-resume-other-split", "train.py", "checkpoint",

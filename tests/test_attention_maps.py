@@ -9,10 +9,12 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from insight.heatmap import attention_grid_image, draw_heatmap, token_label
-from insight.stats import (STAT_NAMES, attention_entropy, decay_exponent, distance_profile, head_stats, mean_distance,
-                           sink_mass)
+from insight.stats import (STAT_NAMES, attention_entropy, decay_exponent, decay_r2, distance_profile, head_stats,
+                           mean_distance, sink_mass)
 from model import GPT, ModelConfig
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -85,8 +87,66 @@ def test_power_law_with_per_row_normalisation_is_close():
 
 
 def test_decay_needs_two_distances():
-    assert math.isnan(decay_exponent(uniform_causal(2))[0])  # T = 2: only d = 1
-    assert np.isfinite(decay_exponent(power_law(3, 2.0, 0.5))[0])
+    # the fit uses keys j >= 1 only: T = 3 reaches d = 2 only through key 0, leaving d = 1 alone
+    assert math.isnan(decay_exponent(uniform_causal(2))[0])
+    assert math.isnan(decay_exponent(power_law(3, 2.0, 0.5))[0]) and math.isnan(decay_r2(power_law(3, 2.0, 0.5))[0])
+    assert np.isfinite(decay_exponent(power_law(4, 2.0, 0.3))[0])
+
+
+@pytest.mark.parametrize("gamma,c", [(2.0, 0.5), (1.0, 0.1), (0.5, 0.05)])
+def test_decay_r2_is_one_on_an_exact_power_law(gamma, c):
+    np.testing.assert_allclose(decay_r2(power_law(64, gamma, c)), 1.0, atol=1e-12)
+    assert head_stats(power_law(64, gamma, c))["decay_r2"][0] == pytest.approx(1.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("sink", [0.3, 0.6, 0.9])
+def test_decay_fit_leaves_out_key_0_so_a_sink_does_not_bend_gamma(sink):
+    # a power law over keys j >= 1 plus `sink` on key 0 for every row (taken from the diagonal): the
+    # profile with key 0 rises at long distances (only a few queries reach them, one of them through key
+    # 0), the fit without it still finds gamma exactly
+    T, gamma, c = 64, 1.5, 0.02
+    w = power_law(T, gamma, c)[0]
+    rows = torch.arange(1, T)
+    w[rows, 0] = sink
+    w = (w + torch.diag(1.0 - w.sum(dim=-1)))[None]  # (1, T, T)
+    assert (w.diagonal(dim1=1, dim2=2) > 0).all() and torch.allclose(w.sum(dim=-1), torch.ones(1, T, dtype=w.dtype))
+    with_key_0 = distance_profile(w)[0]
+    assert with_key_0[T - 1] == pytest.approx(sink)  # d = T - 1: key 0 of the last query, alone
+    np.testing.assert_allclose(distance_profile(w, skip_first_key=True)[0, 1:T - 1],
+                               c * np.arange(1, T - 1.0) ** -gamma, rtol=1e-12)
+    assert math.isnan(distance_profile(w, skip_first_key=True)[0, T - 1])
+    np.testing.assert_allclose(decay_exponent(w), gamma, atol=1e-9)
+    np.testing.assert_allclose(decay_r2(w), 1.0, atol=1e-12)
+
+
+def test_decay_fit_equals_numpy_polyfit_on_the_profile_of_keys_1_on():
+    # independent: the profile by explicit loops over queries, key 0 skipped, then numpy's least squares
+    gen = torch.Generator().manual_seed(3)
+    B, H, T = 2, 3, 16
+    scores = torch.randn(B, H, T, T, generator=gen, dtype=torch.float64) * 3
+    w = torch.softmax(scores.masked_fill(torch.ones(T, T).triu(1).bool(), float("-inf")), dim=-1)
+    gamma, r2 = decay_exponent(w), decay_r2(w)
+    for h in range(H):
+        m = [np.mean([w[b, h, i, i - d].item() for b in range(B) for i in range(d + 1, T)]) for d in range(1, T - 1)]
+        x, y = np.log(np.arange(1, T - 1.0)), np.log(m)
+        slope, intercept = np.polyfit(x, y, 1)
+        residual = y - (slope * x + intercept)
+        assert gamma[h] == pytest.approx(-slope, abs=1e-9)
+        assert r2[h] == pytest.approx(1 - (residual ** 2).sum() / ((y - y.mean()) ** 2).sum(), abs=1e-9)
+        assert 0.0 <= r2[h] < 1.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 3), st.integers(2, 24), st.floats(0.0, 8.0), st.integers(0, 2**31 - 1))
+def test_decay_r2_is_between_0_and_1_on_any_causal_map(B, H, T, scale, seed):
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.randn(B, H, T, T, generator=gen, dtype=torch.float64) * scale
+    w = torch.softmax(scores.masked_fill(torch.ones(T, T).triu(1).bool(), float("-inf")), dim=-1)
+    r2, gamma = decay_r2(w), decay_exponent(w)
+    assert (np.isnan(r2) == np.isnan(gamma)).all()
+    assert (np.isnan(r2) == (T < 4)).all()  # keys j >= 1 give two distances from T = 4 on
+    finite = r2[np.isfinite(r2)]
+    assert ((finite >= -1e-12) & (finite <= 1 + 1e-12)).all()
 
 
 def test_single_position_gives_nan_row_means():

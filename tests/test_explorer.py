@@ -234,3 +234,126 @@ def test_page_assets_ship_with_the_package():
     for name in ("template.html", "explorer.js", "explorer.css"):
         assert (REPO / "insight" / "explorer" / name).is_file()
         assert any(Path(name).match(p) for p in patterns), name
+
+
+# --- what each head does: the dump's head scores and the page's Statistics data ---------------------
+
+CHARS = "abcdefghijklmnopqrstuvwxyz\n .,!"  # 31 characters: lively_model's vocabulary
+
+
+def loss_without_head(model: GPT, idx: torch.Tensor, layer: int, head: int) -> float:
+    """The prompt's mean next-token loss with W_O^h's columns of out_proj set to zero (a copy of the model)."""
+    import copy
+    ablated = copy.deepcopy(model)
+    D = model.config.head_dim
+    with torch.no_grad():
+        ablated.blocks[layer].attn.out_proj.weight[:, head * D:(head + 1) * D] = 0.0
+    targets = torch.full_like(idx, -1)
+    targets[:, :-1] = idx[:, 1:]
+    with torch.no_grad():
+        return float(ablated(idx, targets)[1])
+
+
+def test_dump_writes_what_every_head_of_every_layer_does(tmp_path):
+    """attn.npz's head_* arrays are (n_layer, n_head) float32 for every layer, also when the dump selects one
+    layer: prev_token = mean alpha_{i,i-1} over the prompt, duplicate/induction = the weights to i - R and
+    i - R + 1 over the role probe's second copy, ablation = the prompt's loss with W_O^h zeroed minus the
+    intact loss, each computed here from the model itself; the page carries the same numbers."""
+    from data.tokenizer import CharTokenizer
+    from insight.dump import ROLE_BATCH, prompt_head_scores
+    from insight.roles import probe_length, role_label, role_probe
+    model = lively_model(seed=8, n_layer=3, n_kv_head=2)
+    tokenizer = CharTokenizer(CHARS)
+    idx = ids(14, seed=9)
+    scores, note = prompt_head_scores(model, idx, tokenizer)
+    internals = model.attention_internals(idx, layers=[1])
+    dump_internals(internals, {1: [0, 3]}, [CHARS[t] for t in idx[0].tolist()], tmp_path, token_ids=idx[0].tolist(),
+                   head_scores=scores, scores_note=note)
+    with np.load(tmp_path / "attn.npz") as npz:
+        arrays = {name: npz[f"head_{name}"] for name in ("prev_token", "duplicate_token", "induction", "ablation_dloss")}
+        assert "layer_0" not in npz.files and "layer_2" not in npz.files  # maps of the selected layer only
+    for a in arrays.values():
+        assert a.shape == (3, 4) and a.dtype == np.float32 and np.isfinite(a).all()
+    maps = model.attention_maps(idx)
+    R = probe_length(32)
+    probe = role_probe(tokenizer.ordinary_ids(), tokenizer.start_id, 32, batch=ROLE_BATCH, seed=0)
+    probe_maps = model.attention_maps(probe)
+    intact_targets = torch.full_like(idx, -1)
+    intact_targets[:, :-1] = idx[:, 1:]
+    with torch.no_grad():
+        intact = float(model(idx, intact_targets)[1])
+    for layer in range(3):
+        w = maps[layer][0].double().numpy()  # (n_head, T, T)
+        pw = probe_maps[layer].double().numpy()  # (B, n_head, 1 + 2R, 1 + 2R)
+        for h in range(4):
+            prev = np.mean([w[h, i, i - 1] for i in range(1, 14)])
+            dup = np.mean([pw[b, h, i, i - R] for b in range(ROLE_BATCH) for i in range(R + 1, 2 * R + 1)])
+            ind = np.mean([pw[b, h, i, i - R + 1] for b in range(ROLE_BATCH) for i in range(R + 1, 2 * R + 1)])
+            assert arrays["prev_token"][layer, h] == pytest.approx(prev, abs=1e-6)
+            assert arrays["duplicate_token"][layer, h] == pytest.approx(dup, abs=1e-6)
+            assert arrays["induction"][layer, h] == pytest.approx(ind, abs=1e-6)
+            assert arrays["ablation_dloss"][layer, h] == pytest.approx(loss_without_head(model, idx, layer, h) - intact,
+                                                                       abs=1e-5)
+    assert np.abs(arrays["ablation_dloss"]).max() > 1e-3  # heads matter to this model: the check has teeth
+    meta = page_data((tmp_path / "attention.html").read_text(encoding="utf-8"))[0]
+    assert meta["score_names"] == ["prev_token", "duplicate_token", "induction", "ablation_dloss"]
+    for name, a in arrays.items():
+        assert meta["scores"][name] == a.astype(np.float64).tolist()  # float32 values, exactly
+    assert meta["roles"] == [[role_label(*(float(arrays[n][layer, h]) for n in ("prev_token", "duplicate_token",
+                                                                               "induction"))) for h in range(4)]
+                             for layer in range(3)]
+    assert meta["n_layer"] == 3 and meta["layers"] == [1] and meta["scores_note"] == note
+    assert "14 tokens" in note and f"the same {R} again" in note
+
+
+def test_a_one_token_prompt_has_no_prev_token_or_ablation_score_and_says_why(tmp_path):
+    from data.tokenizer import CharTokenizer
+    from insight.dump import prompt_head_scores
+    model = lively_model(seed=2)
+    scores, note = prompt_head_scores(model, ids(1), CharTokenizer(CHARS))
+    assert np.isnan(scores["prev_token"]).all() and np.isnan(scores["ablation_dloss"]).all()
+    assert np.isfinite(scores["duplicate_token"]).all() and np.isfinite(scores["induction"]).all()  # the probe is fine
+    assert "1-token prompt" in note and "NaN" in note
+    html = explorer_html(model.attention_internals(ids(1)), ["a"], head_scores=scores, scores_note=note)
+    meta = page_data(html)[0]
+    assert meta["scores"]["ablation_dloss"] == [[None] * 4, [None] * 4]  # NaN travels as null
+    # a block too short for the role probe (1 + 2R positions, R >= 1): those two NaN, the rest measured
+    short = lively_model(seed=2, block_size=2)
+    scores, note = prompt_head_scores(short, ids(2), CharTokenizer(CHARS))
+    assert np.isnan(scores["induction"]).all() and np.isnan(scores["duplicate_token"]).all()
+    assert np.isfinite(scores["prev_token"]).all() and np.isfinite(scores["ablation_dloss"]).all()
+    assert "block_size 2" in note
+
+
+def test_head_scores_are_checked_and_labelled():
+    model = lively_model(seed=3)
+    internals = model.attention_internals(ids(6))
+    tokens = list("abcdef")
+    score = np.zeros((2, 4))
+    with pytest.raises(ValueError, match="unknown score"):
+        explorer_html(internals, tokens, head_scores={"induktion": score})
+    with pytest.raises(ValueError, match=r"\(n_layer, 4\)"):
+        explorer_html(internals, tokens, head_scores={"induction": np.zeros((2, 3))})
+    with pytest.raises(ValueError, match=r"\(n_layer, 4\)"):
+        explorer_html(internals, tokens, head_scores={"induction": score, "prev_token": np.zeros((3, 4))})
+    induction, prev = score.copy(), score.copy()
+    induction[1, 2], prev[0, 1], prev[1, 2] = 0.41, 0.9, 0.9  # induction wins where both pass
+    meta = page_data(explorer_html(internals, tokens, head_scores={"induction": induction, "prev_token": prev}))[0]
+    assert meta["score_names"] == ["prev_token", "induction"]
+    assert meta["roles"] == [["", "previous-token", "", ""], ["", "", "induction", ""]]
+    assert meta["role_rules"] == [["induction", "induction", 0.4], ["previous-token", "prev_token", 0.4],
+                                  ["duplicate-token", "duplicate_token", 0.4]]
+    assert page_data(explorer_html(internals, tokens))[0]["score_names"] == []  # a page without them
+
+
+@pytest.mark.parametrize("tokens,first", [
+    (["tok"] * 40, "head"),  # 40 tokens of several characters: the head view
+    (["tok"] * 41, "text"),  # a long prompt: the text view
+    (list("ROMEO: "), "text"),  # char-level: the text view, however short
+    (["ab", "c"], "head"),
+])
+def test_long_and_char_level_prompts_open_on_the_text_view(tokens, first):
+    model = lively_model(seed=1, block_size=64)
+    meta = page_data(explorer_html(model.attention_internals(ids(len(tokens))), tokens))[0]
+    assert meta["first_view"] == first
+    assert meta["texts"] == tokens  # the text view's running text: the tokens as they are

@@ -213,3 +213,72 @@ def test_dash_prompt_through_the_command_line(ckpts):
     result = sample("--ckpt", str(ckpts["good"]), "--prompt", "- a", "--max-new-tokens", "4")
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
     assert result.stdout.startswith("- a") and len(result.stdout) == 3 + 4 + 1
+
+
+HEAD_ARRAYS = ("head_prev_token", "head_duplicate_token", "head_induction", "head_ablation_dloss")
+
+
+def expected_head_scores(source_path: str, prompt: str) -> tuple[dict[str, np.ndarray], list[int]]:
+    """What the dump's head_* arrays must hold, computed in this process from the same source."""
+    from insight.dump import prompt_head_scores
+    from pretrained.load import open_pretrained
+    source = open_pretrained(source_path)
+    ids = source.tokenizer.prompt_ids(prompt)
+    scores, _ = prompt_head_scores(source.build(), torch.tensor([ids]), source.tokenizer)
+    return {f"head_{name}": a for name, a in scores.items()}, ids
+
+
+def test_dump_holds_every_layers_head_scores_even_for_one_layer(ckpts):
+    """--dump-attn 1 writes layer 1's maps only, but the head scores of both layers, (n_layer, n_head)
+    float32, the numbers prompt_head_scores gives for the checkpoint's model; the page shows them."""
+    out = ckpts["tmp"] / "dump_scores"
+    prompt = "ROMEO: what light"
+    result = sample("--ckpt", str(ckpts["run"]), "--prompt", prompt, "--max-new-tokens", "0", "--dump-attn", "1",
+                    "--dump-dir", str(out))
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert "note:" not in result.stderr
+    expected, ids = expected_head_scores(str(ckpts["good"]), prompt)
+    with np.load(out / "attn.npz") as npz:
+        assert "layer_1" in npz.files and "layer_0" not in npz.files
+        for name in HEAD_ARRAYS:
+            assert npz[name].shape == (2, 4) and npz[name].dtype == np.float32, name
+            np.testing.assert_allclose(npz[name], expected[name], atol=1e-6, rtol=0, err_msg=name)
+            assert np.isfinite(npz[name]).all()
+    html = (out / "attention.html").read_text(encoding="utf-8")
+    assert '"score_names": ["prev_token", "duplicate_token", "induction", "ablation_dloss"]' in html
+    assert f"over the prompt's {len(ids)} tokens" in html
+
+
+def test_a_one_token_prompt_dumps_nan_prev_token_and_ablation_and_says_why(ckpts):
+    out = ckpts["tmp"] / "dump_one"
+    result = sample("--ckpt", str(ckpts["good"]), "--prompt", "R", "--max-new-tokens", "0", "--dump-attn", "all",
+                    "--dump-dir", str(out))
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert "note: prev_token and ablation Δloss are NaN: a 1-token prompt" in result.stderr
+    with np.load(out / "attn.npz") as npz:
+        assert np.isnan(npz["head_prev_token"]).all() and np.isnan(npz["head_ablation_dloss"]).all()
+        assert np.isfinite(npz["head_induction"]).all() and np.isfinite(npz["head_duplicate_token"]).all()
+
+
+@pytest.fixture(scope="module")
+def hf_folders(tmp_path_factory) -> dict[str, Path]:
+    from tests.hf_models import make_gpt2, make_llama
+    root = tmp_path_factory.mktemp("hf_dump")
+    return {"gpt2": make_gpt2(root / "gpt2", seed=7), "llama": make_llama(root / "llama", seed=8)}
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_dump_of_a_hugging_face_folder_holds_its_head_scores(hf_folders, tmp_path, name):
+    """A GPT-2 and a Llama folder (converted in memory): the same four arrays, over every layer, from the
+    model and its tokenizer (the role probe draws that tokenizer's ordinary tokens)."""
+    out = tmp_path / "dump"
+    prompt = "The animal didn't cross the street because it was tired"
+    result = sample("--ckpt", str(hf_folders[name]), "--prompt", prompt, "--max-new-tokens", "0",
+                    "--dump-attn", "0:1", "--dump-dir", str(out))
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    expected, _ = expected_head_scores(str(hf_folders[name]), prompt)
+    with np.load(out / "attn.npz") as npz:
+        for key in HEAD_ARRAYS:
+            assert npz[key].shape == (2, 4) and npz[key].dtype == np.float32
+            np.testing.assert_allclose(npz[key], expected[key], atol=1e-5, rtol=1e-5, err_msg=key)
+        assert np.abs(npz["head_ablation_dloss"]).max() > 1e-4  # the perturbed heads matter

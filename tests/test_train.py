@@ -194,7 +194,7 @@ def test_offline_wandb_run_holds_the_scalars(tmp_path, monkeypatch):
     pages = list((runs[0] / "files" / "media" / "html").rglob("*.html"))  # the explorer, as wandb.Html
     assert len(pages) == 1 and b"attn/explorer" in records
     assert "wandb.ai" not in pages[0].read_text(encoding="utf-8")  # no stylesheet injected: still offline
-    for stat in ("entropy", "sink_mass", "mean_distance", "decay_gamma"):
+    for stat in ("entropy", "sink_mass", "mean_distance", "decay_gamma", "decay_r2"):
         for layer in (0, 1):
             for head in range(4):
                 assert f"attn/L{layer}.H{head}/{stat}".encode() in records
@@ -205,7 +205,7 @@ def test_attention_snapshots_on_disk(tmp_path):
                         "model.n_layer=3", "attn.layers=[2]"))
     assert result.attn_seconds > 0
     rows = (tmp_path / "attn" / "stats.csv").read_text().splitlines()
-    assert rows[0] == "step,layer,head,entropy,sink_mass,mean_distance,decay_gamma"
+    assert rows[0] == "step,layer,head,entropy,sink_mass,mean_distance,decay_gamma,decay_r2"
     keys = [tuple(map(int, row.split(",")[:3])) for row in rows[1:]]
     # snapshots at every eval (10, 20) and every attn_interval (5, 15): one row per (step, layer, head)
     expected = [(step, layer, head) for step in (5, 10, 15, 20) for layer in range(3) for head in range(4)]

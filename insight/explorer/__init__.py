@@ -4,11 +4,17 @@
 
 Views: the head view (tokens in two columns, lines from a token to what it attends to, weight as
 opacity, one colour per head, heads toggled, layer chosen; a toggle draws value-weighted attention
-||alpha_ij v_j W_O^h|| instead), the model view (every layer x head as a small map; click one to open
-it), the step-by-step arithmetic of one (layer, head, query) with the model's own q, k and v, and the
-per-head statistics as a sortable table.
+||alpha_ij v_j W_O^h|| instead), the text view (the prompt as running text; pointing at a token shades
+every earlier token by its weight in one head, or by its value-weighted norm, and lists the largest
+weights: "it" → "animal" 0.65, "street" 0.20, ...; the first view when the prompt has more than
+TEXT_VIEW_TOKENS tokens or is char-level), the model view (every layer x head as a small map; click one
+to open it), the step-by-step arithmetic of one (layer, head, query) with the model's own q, k and v,
+and the per-head statistics as a table sorted by any column, with what each head does when the caller
+passes `head_scores` (insight/dump.prompt_head_scores: prev_token, duplicate_token, induction,
+ablation_dloss of every layer) and a role label per head by insight.roles.role_label's thresholds;
+a click on a row opens that head.
 
-The file needs no network: its JS (explorer.js) and CSS (explorer.css) are inlined into template.html,
+The file needs no network: its JS (JS_FILES) and CSS (explorer.css) are inlined into template.html,
 its data is a JSON header plus two base64 gzip blobs (pack.py) that the browser's DecompressionStream
 unpacks, and a Content-Security-Policy forbids any fetch. Inputs longer than `window` tokens are cut
 to their first `window` (causal attention never looks ahead, so those rows are exactly the model's).
@@ -29,6 +35,7 @@ import numpy as np
 
 from insight.explorer.pack import Blob, choose_detail, detail_order, quantise_rows
 from insight.heatmap import token_label
+from insight.roles import ROLE_LABELS, ROLE_THRESHOLDS, role_label
 from insight.stats import STAT_NAMES, head_stats
 from insight.value_weighted import internals_value_norms
 from model.attention import AttentionInternals
@@ -36,6 +43,10 @@ from model.attention import AttentionInternals
 WINDOW = 256  # tokens shown at most: 12 layers x 12 heads x 256 tokens stays under 10 MB
 MAX_BYTES = 10_000_000  # the file's size budget; q/k/v of heads are left out beyond it (the weights never are)
 _SLOT = re.compile(r"\{\{(TITLE|CSS|JS|META|DATA|DETAIL)\}\}")
+JS_FILES = ("text_view.js", "stats_view.js", "explorer.js")  # inlined in this order: explorer.js uses the other two
+HEAD_SCORE_NAMES = ("prev_token", "duplicate_token", "induction", "ablation_dloss")  # head_scores' keys
+ROLE_ORDER = ("induction", "prev_token", "duplicate_token")  # the order role_label tries them in, for the page's legend
+TEXT_VIEW_TOKENS = 40  # more tokens than this (or a char-level prompt): the page opens on the text view
 
 
 def _asset(name: str) -> str:
@@ -52,22 +63,46 @@ def _finite_or_none(values: np.ndarray) -> list:
 
 
 def _render(meta: dict, data: bytes, detail: bytes) -> str:
-    js = _asset("explorer.js")
+    js = "\n".join(_asset(name) for name in JS_FILES)
     if "</script" in js.lower():
-        raise ValueError("explorer.js must not contain '</script'")
+        raise ValueError(f"{', '.join(JS_FILES)} must not contain '</script'")
     title = (meta["title"].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;"))
     slots = {"TITLE": title, "CSS": _asset("explorer.css"), "JS": js, "META": _json_for_script(meta),
              "DATA": base64.b64encode(data).decode("ascii"), "DETAIL": base64.b64encode(detail).decode("ascii")}
     return _SLOT.sub(lambda m: slots[m.group(1)], _asset("template.html"))  # one pass: inserted text is never re-read
 
 
+def _scores_meta(head_scores: dict[str, np.ndarray] | None, n_head: int) -> dict:
+    """head_scores {name: (n_layer, n_head)} -> the page's {"scores": {name: [[...] per layer]}, "roles":
+    [[label per head] per layer]} (NaN as null), checked: known names, one shape for all."""
+    if not head_scores:
+        return {"scores": {}, "roles": []}
+    unknown = sorted(set(head_scores) - set(HEAD_SCORE_NAMES))
+    if unknown:
+        raise ValueError(f"head_scores: unknown score(s) {unknown}; the page shows {list(HEAD_SCORE_NAMES)}")
+    arrays = {name: np.asarray(head_scores[name], dtype=np.float64) for name in HEAD_SCORE_NAMES if name in head_scores}
+    shapes = {a.shape for a in arrays.values()}
+    if len(shapes) != 1 or len(next(iter(shapes))) != 2 or next(iter(shapes))[1] != n_head:
+        raise ValueError(f"head_scores must all be (n_layer, {n_head}) arrays, got shapes "
+                         f"{ {name: a.shape for name, a in arrays.items()} }")
+    n_rows = next(iter(shapes))[0]
+    nan = np.full((n_rows, n_head), np.nan)
+    prev, dup, ind = (arrays.get(name, nan) for name in ("prev_token", "duplicate_token", "induction"))
+    roles = [[role_label(prev[l, h], dup[l, h], ind[l, h]) for h in range(n_head)] for l in range(n_rows)]
+    return {"scores": {name: [_finite_or_none(row) for row in a] for name, a in arrays.items()}, "roles": roles}
+
+
 def explorer_html(internals: dict[int, AttentionInternals], tokens: Sequence[str],
                   selected: dict[int, list[int]] | None = None, *, n_layer: int | None = None,
                   title: str = "attngpt attention", info: str = "", window: int = WINDOW,
-                  max_bytes: int = MAX_BYTES, item: int = 0) -> str:
+                  max_bytes: int = MAX_BYTES, item: int = 0, head_scores: dict[str, np.ndarray] | None = None,
+                  scores_note: str = "") -> str:
     """The explorer page for GPT.attention_internals(idx, layers) (batch item `item`) over `tokens` (one
     string per position). selected: {layer: heads} shown first (default all heads); n_layer: the model's
-    depth, for the header (default: the largest layer + 1); info: a line for the header (e.g. the step)."""
+    depth, for the header (default: the largest layer + 1); info: a line for the header (e.g. the step).
+    head_scores: {name: (n_layer, n_head) array} for names of HEAD_SCORE_NAMES (any subset; row l is
+    layer l, every layer of the model, NaN allowed), shown in the Statistics tab beside the maps'
+    statistics with a role label per head; scores_note says what they were measured on."""
     layers = sorted(internals)
     if not layers:
         raise ValueError("no layers to show")
@@ -91,11 +126,17 @@ def explorer_html(internals: dict[int, AttentionInternals], tokens: Sequence[str
         data.add(f"vnorm.{layer}", norms.detach().cpu().numpy().astype(np.float32))
         stats[str(layer)] = {name: _finite_or_none(v) for name, v in head_stats(weights).items()}
 
-    meta = {"format": 1, "title": title, "info": info, "n_layer": n_layer or layers[-1] + 1, "layers": layers,
-            "n_head": n_head, "n_kv_head": n_kv_head, "head_dim": head_dim, "n_tokens": T, "window": W,
-            "labels": [token_label(t, max_len=16) for t in tokens[:W]],
+    char_level = W > 1 and all(len(t) == 1 for t in tokens[:W])
+    scores = _scores_meta(head_scores, n_head)
+    meta = {"format": 1, "title": title, "info": info, "n_layer": n_layer or max(layers[-1] + 1, len(scores["roles"])),
+            "layers": layers, "n_head": n_head, "n_kv_head": n_kv_head, "head_dim": head_dim, "n_tokens": T,
+            "window": W, "labels": [token_label(t, max_len=16) for t in tokens[:W]],
+            "texts": [str(t) for t in tokens[:W]], "char_level": char_level,
+            "first_view": "text" if W > TEXT_VIEW_TOKENS or char_level else "head",
             "selected": {str(layer): [int(h) for h in selected[layer]] for layer in layers},
             "stat_names": list(STAT_NAMES), "stats": stats, "arrays": data.specs,
+            "score_names": [name for name in HEAD_SCORE_NAMES if name in scores["scores"]], **scores,
+            "scores_note": scores_note, "role_rules": [[ROLE_LABELS[name], name, ROLE_THRESHOLDS[name]] for name in ROLE_ORDER],
             "quantisation": "8-bit per row: weight = code / 255 * row max", "detail_heads": {}, "detail_arrays": {}}
     data_gz = data.gzipped()
 

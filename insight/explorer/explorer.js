@@ -1,23 +1,24 @@
-// attngpt attention explorer: a head view, a model view, the step-by-step arithmetic of one query and
-// per-head statistics, over data embedded in this very file (insight/explorer/__init__.py writes it).
-// Plain JS, SVG and canvas; nothing is fetched. The data: a JSON header (#attn-meta) and two base64
-// gzip blobs, the 8-bit weights (#attn-data) and float32 q, k, v of some heads (#attn-detail).
+// attngpt attention explorer: a head view, a text view (text_view.js), a model view, the step-by-step
+// arithmetic of one query and per-head statistics (stats_view.js), over data embedded in this very file
+// (insight/explorer/__init__.py writes it). Plain JS, SVG and canvas; nothing is fetched. The data: a JSON
+// header (#attn-meta) and two base64 gzip blobs, the 8-bit weights (#attn-data) and float32 q, k, v of
+// some heads (#attn-detail).
 (function () {
   "use strict";
   const SVG_NS = "http://www.w3.org/2000/svg"; // the SVG namespace name: an identifier, never fetched
   const ROW = 18, LINES_W = 240, OPEN_PX = 512;
   const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
                    "#bcbd22", "#17becf", "#393b79", "#ad494a"];
-  const STAT_LABELS = { entropy: "entropy", sink_mass: "sink mass", mean_distance: "mean distance", decay_gamma: "γ" };
   const $ = (id) => document.getElementById(id);
   const M = JSON.parse($("attn-meta").textContent);
   const W = M.window, H = M.n_head, DK = M.head_dim, NREP = M.n_head / M.n_kv_head;
   const TRI = W * (W + 1) / 2; // entries of one head's lower triangle, rows one after the other
   const A = {}, D = {};
   const st = { layer: M.layers[0], heads: new Set(), focus: 0, query: W - 1, key: null, side: "q", hover: null,
-               vw: false, opened: null, sort: { key: null, dir: 1 } };
+               vw: false, textVw: false, opened: null, sort: { key: null, dir: 1 }, tokenView: M.first_view };
   const api = window.attnExplorer = { meta: M, state: st, ready: false, detailReady: false,
                                       marks: { script: performance.now() } }; // ms since navigation began
+  let textView = null, statsView = null; // text_view.js and stats_view.js, built once the data is decoded
 
   // ---- data --------------------------------------------------------------------------------------
   const pause = () => new Promise((resolve) => setTimeout(resolve, 0));
@@ -53,6 +54,7 @@
   const vnorm = (L, h, j) => A["vnorm." + L][h * W + j]; // ||v_j W_O^h||
   const colour = (h) => h < PALETTE.length ? PALETTE[h] : `hsl(${(h * 137.5) % 360},65%,42%)`;
   const label = (i) => M.labels[i];
+  const roleOf = (L, h) => (M.roles[L] && M.roles[L][h] ? " · " + M.roles[L][h] : ""); // e.g. " · induction"
 
   function fmt(x, digits = 4) {
     if (x === -Infinity) return "−∞";
@@ -79,9 +81,8 @@
         t.addEventListener("mouseenter", () => { st.hover = { side, index: i }; drawLines(); });
         t.addEventListener("mouseleave", () => { st.hover = null; drawLines(); });
         t.addEventListener("click", () => {
-          st.side = side;
-          if (side === "q") { st.query = i; renderStep(); } else st.key = i;
-          drawLines();
+          if (side === "q") pickQuery(i);
+          else { st.side = side; st.key = i; drawLines(); }
         });
         col.append(t);
       }
@@ -112,8 +113,22 @@
     st.focus = focus !== undefined ? focus : heads.length ? Math.min(...heads) : 0;
     $("layer-select").value = L;
     syncToggles();
-    drawLines();
-    renderStep();
+    update();
+  }
+  // Every view that shows the current layer, head and query, redrawn
+  function update() { drawLines(); if (textView) textView.render(); renderStep(); }
+  function setFocus(h) { st.focus = h; update(); }
+  // Query i chosen (a click, the step view's menu, the keyboard): every view follows, and it stays in sight
+  function pickQuery(i) {
+    st.query = Math.max(0, Math.min(W - 1, i));
+    st.side = "q";
+    update();
+    revealQuery();
+  }
+  function revealQuery() {
+    const s = $("head-scroll"), top = st.query * ROW;
+    if (top < s.scrollTop || top + ROW > s.scrollTop + s.clientHeight) s.scrollTop = Math.max(0, top + 2 * ROW - s.clientHeight);
+    if (textView) textView.reveal();
   }
 
   // Lines from the chosen token: a query's to the keys it attends to, or a key's from the queries that
@@ -202,7 +217,7 @@
     for (const L of M.layers) {
       grid.append(el("span", { class: "lbl" }, "layer " + L));
       for (let h = 0; h < H; h++) {
-        const c = el("canvas", { class: "thumb", id: `thumb-${L}-${h}`, title: `layer ${L}, head ${h}` });
+        const c = el("canvas", { class: "thumb", id: `thumb-${L}-${h}`, title: `layer ${L}, head ${h}${roleOf(L, h)}` });
         pendingMaps.push(() => drawMap(c, L, h, S));
         c.addEventListener("click", () => openHead(L, h));
         grid.append(c);
@@ -217,8 +232,8 @@
       $("opened-readout").textContent = j > i ? `query ${i} «${label(i)}» cannot see key ${j}: the future`
         : `query ${i} «${label(i)}» → key ${j} «${label(j)}»: α = ${fmt(a)}, ‖α · v W_O‖ = ${fmt(a * vnorm(L, h, j))}`;
     });
-    big.addEventListener("click", (e) => { const [L, h] = st.opened; st.query = cell(e)[0]; setLayer(L, [h], h); });
-    $("opened-to-head").addEventListener("click", () => { const [L, h] = st.opened; showInHeadView(L, h); });
+    big.addEventListener("click", (e) => { const [L, h] = st.opened; st.query = cell(e)[0]; setLayer(L, [h], h); revealQuery(); });
+    $("opened-to-head").addEventListener("click", () => { const [L, h] = st.opened; setLayer(L, [h], h); showTab("head"); });
   }
   function openHead(L, h) {
     for (const t of document.querySelectorAll("canvas.thumb.open")) t.classList.remove("open");
@@ -231,58 +246,27 @@
     const px = Math.max(1, Math.floor(OPEN_PX / W)) * W;
     big.style.width = big.style.height = Math.min(px, OPEN_PX * 2) + "px";
     st.layer = L; st.focus = h;
-    renderStep();
+    $("layer-select").value = L;
+    update();
   }
-  function showInHeadView(L, h) { setLayer(L, [h], h); showTab("head"); }
-
-  // ---- statistics --------------------------------------------------------------------------------
-  function buildStats() {
-    const cols = ["layer", "head", ...M.stat_names];
-    const tr = el("tr");
-    for (const c of cols) {
-      const th = el("th", { "data-col": c }, STAT_LABELS[c] || c);
-      th.addEventListener("click", () => {
-        st.sort = { key: c, dir: st.sort.key === c ? -st.sort.dir : 1 };
-        renderStats();
-      });
-      tr.append(th);
-    }
-    $("stats-table").tHead.append(tr);
-    renderStats();
-  }
-  function renderStats() {
-    const rows = [];
-    for (const L of M.layers) for (let h = 0; h < H; h++) {
-      const r = { layer: L, head: h };
-      for (const s of M.stat_names) r[s] = M.stats[L][s][h] === null ? NaN : M.stats[L][s][h];
-      rows.push(r);
-    }
-    const { key, dir } = st.sort;
-    if (key) rows.sort((a, b) => { const x = a[key], y = b[key];
-      if (Number.isNaN(x)) return 1; if (Number.isNaN(y)) return -1; return dir * (x - y); });
-    const body = $("stats-table").tBodies[0];
-    body.replaceChildren();
-    for (const r of rows) {
-      const tr = el("tr", { "data-layer": r.layer, "data-head": r.head });
-      tr.append(el("td", {}, r.layer), el("td", {}, r.head));
-      for (const s of M.stat_names) tr.append(el("td", { "data-value": r[s] }, fmt(r[s], 3)));
-      tr.addEventListener("click", () => showInHeadView(r.layer, r.head));
-      body.append(tr);
-    }
-  }
+  // A head opened from the Statistics tab: in the head view, or the text view when that is the one in use
+  function showHead(L, h) { setLayer(L, [h], h); showTab(st.tokenView); revealQuery(); }
 
   // ---- step by step ------------------------------------------------------------------------------
   function buildStep() {
     const hs = $("step-head"), qs = $("step-query");
     for (let h = 0; h < H; h++) hs.append(el("option", { value: h }, h));
     for (let i = 0; i < W; i++) qs.append(el("option", { value: i }, `${i}: ${label(i)}`));
-    hs.addEventListener("change", () => { st.focus = +hs.value; renderStep(); });
-    qs.addEventListener("change", () => { st.query = +qs.value; st.side = "q"; drawLines(); renderStep(); });
+    hs.addEventListener("change", () => setFocus(+hs.value));
+    qs.addEventListener("change", () => pickQuery(+qs.value));
     $("step-sort").addEventListener("change", renderStep);
+    // ↑/↓ (and ←/→ in the text view, where tokens run left to right) move the query
+    const STEP = { ArrowUp: -1, ArrowDown: 1, ArrowLeft: -1, ArrowRight: 1 };
     document.addEventListener("keydown", (e) => {
-      if (e.target.tagName === "SELECT" || !(e.key === "ArrowUp" || e.key === "ArrowDown")) return;
-      st.query = Math.max(0, Math.min(W - 1, st.query + (e.key === "ArrowUp" ? -1 : 1)));
-      st.side = "q"; e.preventDefault(); drawLines(); renderStep();
+      if (e.target.tagName === "SELECT" || e.target.tagName === "INPUT" || !(e.key in STEP)) return;
+      if (e.key.startsWith("ArrowL") || e.key.startsWith("ArrowR")) { if (current !== "text") return; }
+      e.preventDefault();
+      pickQuery(st.query + STEP[e.key]);
     });
   }
   // The seeds' computation for query i of head h, from the stored float32 q, k, v, in float64.
@@ -319,12 +303,17 @@
         `stay small (${kept}). For this one, dump it alone: sample.py --dump-attn ${L}:${h}.`));
       return;
     }
-    for (const line of ["s_j = q·k_j / √d_k,  −∞ for the future (j > i)", "α_j = exp(s_j − max s) / Σ_j exp(s_j − max s)",
-                        "output = Σ_j α_j v_j"]) body.append(el("div", { class: "formula" }, line));
+    for (const [step, line] of [["scores", "s_j = q·k_j / √d_k,  −∞ for the future (j > i)"],
+                                ["softmax", "α_j = softmax(s)_j = exp(s_j − max s) / Σ_j exp(s_j − max s)"],
+                                ["weighted sum", "output = Σ_j α_j v_j"]]) {
+      const f = el("div", { class: "formula" });
+      f.append(el("b", {}, step + ": "), line);
+      body.append(f);
+    }
     body.append(el("p", { class: "vec" }, `q_${i} (after RoPE, as the model uses it) = ${vec(n.qi, 8)}`));
     const t = el("table", { id: "step-table" });
     const hr = el("tr");
-    for (const c of ["j", "key", "q·k_j", "÷√d_k = s_j", `exp(s_j − ${fmt(n.top, 3)})`, "α_j", "", "‖α_j v_j W_O‖", "v_j"])
+    for (const c of ["j", "key", "q·k_j", "÷√d_k = s_j", `exp(s_j − ${fmt(n.top, 3)})`, "softmax α_j", "", "‖α_j v_j W_O‖", "v_j"])
       hr.append(el("th", {}, c));
     t.append(el("thead"), el("tbody"));
     t.tHead.append(hr);
@@ -361,10 +350,15 @@
   }
 
   // ---- start -------------------------------------------------------------------------------------
+  let current = null; // the tab shown
   function showTab(name) {
     if (name === "model") drawPendingMaps(Infinity);
+    if (name === "head" || name === "text") st.tokenView = name;
+    current = name;
     for (const b of document.querySelectorAll(".tab")) b.classList.toggle("active", b.dataset.tab === name);
-    for (const p of ["head", "model", "stats"]) $(`pane-${p}`).classList.toggle("hidden", p !== name);
+    for (const p of ["head", "text", "model", "stats"]) $(`pane-${p}`).classList.toggle("hidden", p !== name);
+    document.querySelector("main").classList.toggle("wide", name === "stats"); // room for the table's columns
+    if (name === "head" || name === "text") revealQuery();
   }
   async function start() {
     if (typeof DecompressionStream === "undefined") throw new Error("this browser lacks DecompressionStream (Chrome 80+, Firefox 113+, Safari 16.4+)");
@@ -373,12 +367,16 @@
     $("info").textContent = (M.info ? M.info + " · " : "") + `${M.layers.length} of ${M.n_layer} layers × ${H} heads (${M.n_kv_head} kv), ` +
       `d_k ${DK} · ${W === M.n_tokens ? W + " tokens" : `tokens 0–${W - 1} of ${M.n_tokens} (window)`}`;
     for (const b of document.querySelectorAll(".tab")) b.addEventListener("click", () => showTab(b.dataset.tab));
-    buildHeadView(); buildStep();
+    const shared = { $, el, M, st, alpha, vnorm, fmt, label, W, H, setLayer, setFocus, pickQuery, openHead: showHead, roleOf };
+    textView = window.attnTextView(shared);
+    statsView = window.attnStatsView(shared);
+    buildHeadView(); buildStep(); textView.build();
     api.marks.headView = performance.now();
     buildModelView();
     api.marks.modelView = performance.now();
-    buildStats();
+    statsView.build();
     setLayer(st.layer, M.selected[st.layer]);
+    showTab(M.first_view); // the text view first for long or char-level prompts; the last query in sight
     api.ready = true;
     api.readyMs = performance.now();
     document.documentElement.dataset.ready = "1";
