@@ -13,6 +13,7 @@ from data import sharded
 from data.config import DataConfig
 from data.prepare import prepare_data
 from data.sources import load_rows, resolve_corpus
+from data.tokenizer import TiktokenTokenizer
 
 DOCS = [f"document {i}: " + "the fox jumps. " * (1 + i % 4) for i in range(37)]
 
@@ -81,3 +82,23 @@ def test_the_peak_memory_is_in_mib_also_where_proc_is_not_readable(monkeypatch):
     rusage_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     assert sharded.peak_rss_mb() == pytest.approx(rusage_mib, rel=0.05)
     assert sharded.peak_rss_mb() == pytest.approx(hwm_kib / 1024, rel=0.5)  # the same quantity, roughly
+
+
+@pytest.mark.parametrize("n_docs, val_fraction, val_docs", [(10, 0.1, 1), (20, 0.1, 2), (5, 0.1, 0)])
+def test_a_val_split_of_one_document_is_a_val_split_and_one_of_none_is_refused(tmp_path, monkeypatch, n_docs,
+                                                                                val_fraction, val_docs):
+    import datasets
+    from common.errors import UserError
+    monkeypatch.setenv("ATTNGPT_DATA_DIR", str(tmp_path / "data"))
+    path = tmp_path / "docs.parquet"
+    datasets.Dataset.from_dict({"text": DOCS[:n_docs]}).to_parquet(str(path))
+    cfg = from_dict(DataConfig, {"source": "hub", "name": "parquet", "data_files": [str(path)], "tokenizer": "gpt2",
+                                 "val_fraction": val_fraction}, "data.")
+    if val_docs == 0:
+        with pytest.raises(UserError, match=f"val split is empty: val_fraction 0.1 of {n_docs} document"):
+            prepare_data(cfg, quiet=True)
+        return
+    prepared = prepare_data(cfg, quiet=True)
+    assert prepared.meta["documents"] == {"train": n_docs - val_docs, "val": val_docs}
+    assert prepared.val_tokens == sum(len(TiktokenTokenizer("gpt2").encode(DOCS[i])) + 1
+                                      for i in range(n_docs) if i % 10 == 9)
