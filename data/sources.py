@@ -1,4 +1,5 @@
-"""Where text comes from: the data folder, the tinyshakespeare preset, local text files and `datasets` sources.
+"""Where text comes from: the data folder, the tinyshakespeare preset, local text files, `datasets` sources and
+the generated repeated sequences.
 
 Why this module: everything that touches the outside world before tokenization lives here — finding,
 sizing and hashing files (for the prepare fingerprint), the one download we do ourselves, and the single
@@ -10,9 +11,10 @@ The data folder holds downloads, the `datasets` cache of hub datasets, and prepa
 `data/cache/` next to this file (git-ignored), or `$ATTNGPT_DATA_DIR` when that is set.
 
 Two shapes of corpus:
-- "text" (source tinyshakespeare or text): the files read as ONE continuous text, as `cat` would join them.
-  Rows are lines with their line breaks kept (universal newlines: \\r\\n becomes \\n), so joining rows gives
-  back the text exactly.
+- "text" (source tinyshakespeare, text or repeated): the files read as ONE continuous text, as `cat` would
+  join them. Rows are lines with their line breaks kept (universal newlines: \\r\\n becomes \\n), so joining
+  rows gives back the text exactly. The repeated source's lines are generated in memory (data/repeated.py),
+  from its settings alone: they are its identity, and it has no files.
 - "documents" (source hub): every row of `text_column` is one document. Empty (or null) rows are skipped.
   Example (needs the network once; cached in the data folder afterwards):
       data: {source: hub, name: roneneldan/TinyStories, text_column: text, tokenizer: gpt2}
@@ -37,6 +39,7 @@ from tqdm import tqdm
 
 from common.errors import UserError
 from data.config import DataConfig
+from data.repeated import REPEATED_VERSION, repeated_lines
 from data.source_errors import load_errors
 
 DATA_DIR_ENV = "ATTNGPT_DATA_DIR"
@@ -115,6 +118,7 @@ class Corpus:
     text_column: str = "text"
     streaming: bool = False
     max_docs: int | None = None
+    repeated: dict[str, int] | None = None  # source repeated: repeated_lines' arguments (the rows are generated)
 
 
 def _stats(files: list[Path]) -> list[list[Any]]:
@@ -178,7 +182,20 @@ def resolve_corpus(cfg: DataConfig, quiet: bool = False) -> Corpus:
         return Corpus(kind="text", label=slugify(first.stem or first.name), description=f"text: {where}",
                       identity={"source": "text", "files": [str(f) for f in files]}, file_stats=_stats(files),
                       load_kwargs=_text_load_kwargs(files), local_files=files, streaming=cfg.streaming)
+    if cfg.source == "repeated":
+        return _resolve_repeated(cfg)
     return _resolve_hub(cfg)
+
+
+def _resolve_repeated(cfg: DataConfig) -> Corpus:
+    low, high = cfg.length_range()
+    settings = {"alphabet_size": cfg.alphabet_size, "min_length": low, "max_length": high,
+                "num_sequences": cfg.num_sequences, "seed": cfg.seed}
+    lengths = f"{low}" if low == high else f"{low}-{high}"
+    return Corpus(kind="text", label="repeated", description=f"repeated: {cfg.num_sequences} sequences of {lengths} "
+                  f"characters from {cfg.alphabet_size}, each followed by its copy (seed {cfg.seed})",
+                  identity={"source": "repeated", "version": REPEATED_VERSION, **settings},
+                  streaming=cfg.streaming, repeated=settings)
 
 
 def _text_load_kwargs(files: list[Path]) -> dict[str, Any]:
@@ -234,6 +251,9 @@ def load_rows(corpus: Corpus, cache_dir: Path, num_proc: int = 1) -> Any:
     num_proc > 1 lets `datasets` download and convert a non-streamed document corpus's files in parallel."""
     import datasets
 
+    if corpus.repeated is not None:  # generated, not read: the lines themselves, in memory
+        rows = datasets.Dataset.from_dict({"text": repeated_lines(**corpus.repeated)})
+        return rows.to_iterable_dataset() if corpus.streaming else rows
     kwargs = dict(corpus.load_kwargs, cache_dir=str(cache_dir), streaming=corpus.streaming)
     if num_proc > 1 and not corpus.streaming and corpus.kind == "documents":
         kwargs["num_proc"] = num_proc

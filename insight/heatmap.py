@@ -93,7 +93,11 @@ def _draw_grid(panels: np.ndarray, heads: list[int], ticks: list[int], names: li
                every_panel: bool = False) -> "Figure":
     """panels (len(heads), n, n), the causal maps or their causal crops (the future is the upper triangle),
     as a near-square grid titled "head h"; tick labels on the outer edges of the grid (every panel's
-    edges with every_panel); one √ colour scale."""
+    edges with every_panel); one √ colour scale.
+
+    The layout is computed here, from the panel size and the longest tick label, not by matplotlib's
+    constrained layout: that measures every label's extent at each save, half of the drawing time of a
+    labelled grid (a training run draws one per layer at every snapshot)."""
     import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -101,32 +105,55 @@ def _draw_grid(panels: np.ndarray, heads: list[int], ticks: list[int], names: li
     n = panels.shape[-1]
     ncols = math.ceil(math.sqrt(len(heads)))
     nrows = math.ceil(len(heads) / ncols)
-    fig = Figure(figsize=(ncols * panel + 1.0, nrows * panel + 0.8), dpi=100, layout="constrained")
+    # inches: the widest tick label (a glyph is at most ~0.62 em wide), one line of text, a small gap
+    label_long = max((len(t) for t in names), default=1) * fontsize * 0.62 / 72 + 0.06
+    label_line = fontsize * 1.3 / 72 + 0.06
+    y_label_w = label_long  # y tick labels beside a panel
+    x_label_h = label_long if rotate else label_line  # x tick labels under it
+    title_h, gap = 0.28, 0.12  # a panel's "head h" title; space between neighbouring panels
+    cell_w = panel + gap + (y_label_w if every_panel else 0.0)
+    cell_h = panel + title_h + gap + (x_label_h if every_panel else 0.0)
+    left = 0.3 + (0.0 if every_panel else y_label_w)  # the grid's y label, then the outer tick labels
+    bottom = 0.3 + (0.0 if every_panel else x_label_h)
+    top = 0.45 if title else 0.1
+    bar_w, bar_pad, bar_labels = 0.15, 0.15, 0.75  # the colour bar, its gap, its ticks and label
+    # whole pixels at dpi 100 (a saved PNG is exactly figsize x dpi)
+    width = math.ceil(100 * (left + ncols * cell_w + bar_pad + bar_w + bar_labels)) / 100
+    height = math.ceil(100 * (bottom + nrows * cell_h + top)) / 100
+    fig = Figure(figsize=(width, height), dpi=100)
     FigureCanvasAgg(fig)
-    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
     future = np.triu(np.ones((n, n), dtype=bool), k=1)  # (n, n): keys a query cannot see
     vmax = max(float(np.nanmax(panels)), 1e-12)
     norm = weight_norm(vmax)
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#d9d9d9")
     image = None
-    for k, (ax, h) in enumerate(zip(axes, heads)):
+    for k, h in enumerate(heads):
+        row, col = divmod(k, ncols)
+        x0 = left + col * cell_w + (y_label_w if every_panel else 0.0)
+        y0 = height - top - (row + 1) * cell_h + (x_label_h if every_panel else 0.0) + gap
+        ax = fig.add_axes((x0 / width, y0 / height, panel / width, panel / height))
         image = ax.imshow(np.ma.masked_array(panels[k], mask=future), cmap=cmap, norm=norm,
-                          interpolation="nearest", aspect="equal")
+                          interpolation="nearest", aspect="auto")
         ax.set_title(f"head {h}", fontsize=9)
-        bottom, left = k + ncols >= len(heads) or every_panel, k % ncols == 0 or every_panel
-        ax.set_xticks(ticks, names if bottom else [], rotation=90 if rotate else 0, fontsize=fontsize)
-        ax.set_yticks(ticks, names if left else [], fontsize=fontsize)
-        ax.tick_params(length=0)
-    for ax in axes[len(heads):]:
-        ax.set_axis_off()
-    fig.supxlabel(xlabel, fontsize=9)
-    fig.supylabel(ylabel, fontsize=9)
-    bar = fig.colorbar(image, ax=list(axes[: len(heads)]), shrink=min(1.0, 0.4 + 0.3 * nrows) * 0.8,
-                       aspect=20 * nrows, label="attention weight (colour ∝ √weight)")
+        labelled_bottom = k + ncols >= len(heads) or every_panel
+        labelled_left = col == 0 or every_panel
+        ax.set_xticks(ticks, names if labelled_bottom else [], rotation=90 if rotate else 0, fontsize=fontsize)
+        ax.set_yticks(ticks, names if labelled_left else [], fontsize=fontsize)
+        ax.tick_params(length=0, pad=2)
+    grid_top = height - top
+    grid_h = nrows * cell_h - title_h - gap
+    bar_h = grid_h * min(1.0, 0.4 + 0.3 * nrows) * 0.8
+    bar_x = left + ncols * cell_w + bar_pad
+    bar_ax = fig.add_axes((bar_x / width, (grid_top - title_h - (grid_h + bar_h) / 2) / height,
+                           bar_w / width, bar_h / height), label="<colorbar>")
+    bar = fig.colorbar(image, cax=bar_ax, label="attention weight (colour ∝ √weight)")
     ticks_w = colour_bar_ticks(vmax)
     bar.set_ticks(ticks_w, labels=[f"{t:.2g}" for t in ticks_w])
+    fig.text((left + ncols * cell_w / 2) / width, 0.08 / height, xlabel, fontsize=9, ha="center", va="bottom")
+    fig.text(0.06 / width, (bottom + nrows * cell_h / 2) / height, ylabel, fontsize=9, rotation=90,
+             ha="left", va="center")
     if title:
-        fig.suptitle(title, fontsize=11)
+        fig.suptitle(title, fontsize=11, y=1 - 0.08 / height, va="top")
     return fig
 
 

@@ -2,13 +2,22 @@
 when its setting is ignored or off by one."""
 from __future__ import annotations
 
+import csv
+import json
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 from data.prepare import prepare_data
+from insight.ablation import ablation_dloss
+from insight.roles import head_role_scores, role_probe
 from tests.helpers import prepared_shakespeare_dir, tiny_config
-from training.attn_monitor import default_layers, probe_ids
+from training.attn_monitor import ROLE_PROBE_SEED, STATS_COLUMNS, Probes, default_layers, probe_ids
+from training.logger import RunLogger
+from training.runtime import setup_runtime
 from training.trainer import train
 
 
@@ -58,8 +67,15 @@ def test_stats_rows_stay_one_per_step_layer_and_head_across_a_crash_and_resume(t
     assert sorted({k[0] for k in stats_keys(out)}) == [1, 2, 3, 4, 5, 6]
     train(tiny_config(out, *overrides))
     assert stats_keys(out) == [(step, layer, head) for step in range(1, 9) for layer in range(2) for head in range(4)]
-    assert sorted(p.name for p in (out / "attn" / "layer_1").iterdir()) == [f"step_{s:06d}.png" for s in range(1, 9)]
+    assert sorted(p.name for p in (out / "attn" / "layer_1").iterdir()) == sorted(
+        f"step_{s:06d}{kind}.png" for s in range(1, 9) for kind in ("", "_zoom"))
     assert not (out / "attn" / "layer_0").exists()  # attn.layers=[1]: only layer 1 is drawn
+    # the evals' ICL scores: one row per eval (steps 4 and 8), the same values as metrics.jsonl's last ones
+    icl = (out / "attn" / "icl.csv").read_text().splitlines()
+    assert icl[0] == "step,icl_score" and [int(r.split(",")[0]) for r in icl[1:]] == [4, 8]
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    last = {m["step"]: m["val/icl_score"] for m in metrics if "val/icl_score" in m}
+    assert [float(r.split(",")[1]) for r in icl[1:]] == [last[4], last[8]]
 
 
 def test_attn_enabled_false_records_no_attention(tmp_path):
@@ -67,4 +83,113 @@ def test_attn_enabled_false_records_no_attention(tmp_path):
     assert result.attn_seconds == 0 and not (tmp_path / "attn").exists()
     result = train(tiny_config(tmp_path / "on", "train.max_iters=2", "eval.interval=1"))
     assert result.attn_seconds > 0
-    assert sorted(p.name for p in (tmp_path / "on" / "attn").iterdir()) == ["explorer", "layer_0", "layer_1", "stats.csv"]
+    assert sorted(p.name for p in (tmp_path / "on" / "attn").iterdir()) == [
+        "explorer", "heads_over_training.png", "icl.csv", "layer_0", "layer_1", "stats.csv"]
+
+
+# --- head roles and ablation while training (attn.role_batch, attn.ablation) --------------------------------
+
+def stats_at(out: Path, step: int) -> dict[tuple[int, int], dict[str, str]]:
+    with open(out / "attn" / "stats.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    return {(int(r["layer"]), int(r["head"])): r for r in rows if int(r["step"]) == step}
+
+
+def column(rows: dict, name: str, n_layer: int = 2, n_head: int = 4) -> np.ndarray:
+    return np.array([[float(rows[(layer, head)][name]) for head in range(n_head)] for layer in range(n_layer)])
+
+
+def text_probe(cfg, model) -> torch.Tensor:
+    return torch.tensor([probe_ids(cfg, prepare_data(cfg.data), model.config.block_size)])
+
+
+def test_role_batch_is_the_number_of_role_probe_sequences_the_scores_are_measured_on(tmp_path):
+    cfg = tiny_config(tmp_path, "train.max_iters=3", "eval.interval=3", "attn.role_batch=3")
+    result = train(cfg)
+    rows = stats_at(tmp_path, 3)
+    tok = prepare_data(cfg.data).tokenizer
+    for batch, same in ((3, True), (8, False)):
+        probe = role_probe(tok.ordinary_ids(), tok.start_id, 32, batch=batch, seed=ROLE_PROBE_SEED)
+        expected = head_role_scores(result.model, text_probe(cfg, result.model), probe)
+        for name in ("duplicate_token", "induction"):
+            assert np.allclose(column(rows, name), expected[name], atol=1e-6) == same, (batch, name)
+    assert np.allclose(column(rows, "prev_token"), expected["prev_token"], atol=1e-6)
+    monitor_probes = Probes(cfg, result.model, prepare_data(cfg.data), setup_runtime("cpu", "float32"))
+    assert monitor_probes.roles.shape == (3, 1 + 2 * 15)  # block 32: R = 15
+
+
+@pytest.mark.parametrize("mode", ["zero", "mean"])
+def test_ablation_mode_is_the_one_the_recorded_dloss_uses(tmp_path, mode):
+    cfg = tiny_config(tmp_path, "train.max_iters=3", "eval.interval=3", f"attn.ablation={mode}")
+    result = train(cfg)
+    recorded = column(stats_at(tmp_path, 3), "ablation_dloss")
+    idx = text_probe(cfg, result.model)
+    other = "mean" if mode == "zero" else "zero"
+    assert np.allclose(recorded, ablation_dloss(result.model, idx, mode), atol=1e-6)
+    assert not np.allclose(recorded, ablation_dloss(result.model, idx, other), atol=1e-6)
+
+
+def test_ablation_off_leaves_the_column_empty_and_logs_no_key(tmp_path, monkeypatch):
+    logged: list[dict] = []
+    monkeypatch.setattr(RunLogger, "_start_wandb", lambda self, cfg, mode, resumed: FakeRun(logged))
+    monkeypatch.setitem(sys.modules, "wandb", FakeWandb)  # what the monitor imports to wrap its images
+    train(tiny_config(tmp_path, "train.max_iters=2", "eval.interval=2", "attn.ablation=off", "wandb.mode=offline"))
+    rows = stats_at(tmp_path, 2)
+    assert len(rows) == 8 and all(r["ablation_dloss"] == "" for r in rows.values())
+    assert all(r["induction"] not in ("", "nan") for r in rows.values())  # the other columns are measured
+    keys = set().union(*logged)
+    assert "attn/L1.H3/induction" in keys and "val/icl_score" in keys
+    assert not any(k.endswith("/ablation_dloss") for k in keys)
+    assert isinstance(next(d for d in logged if "attn/heads_over_training" in d)["attn/heads_over_training"],
+                      FakeWandb.Image)
+    assert {"attn/layer_0_zoom", "attn/layer_1_zoom"} <= keys
+    logged.clear()
+    train(tiny_config(tmp_path / "on", "train.max_iters=2", "eval.interval=2", "wandb.mode=offline"))
+    assert "attn/L1.H3/ablation_dloss" in set().union(*logged)
+
+
+class FakeRun:
+    """A W&B run that keeps what is logged."""
+
+    def __init__(self, logged: list[dict]):
+        self.logged = logged
+
+    def log(self, values: dict, step: int | None = None) -> None:
+        self.logged.append(dict(values))
+
+    def finish(self) -> None:
+        pass
+
+
+class FakeWandb:
+    """Stands in for the wandb module: images and pages are what the monitor hands W&B."""
+
+    class Image:
+        def __init__(self, path, caption=""):
+            self.path = path
+
+    class Html:
+        def __init__(self, path, inject=True):
+            self.path = path
+
+
+def test_an_older_stats_file_is_rewritten_under_the_new_header_on_resume(tmp_path):
+    out = tmp_path / "run"
+    overrides = ["train.max_iters=4", "eval.interval=2"]
+    train(tiny_config(out, *overrides, "train.max_iters=2"))
+    path = out / "attn" / "stats.csv"
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    old_header = ["step", "layer", "head", "entropy", "sink_mass", "mean_distance", "decay_gamma"]
+    old = [old_header] + [[r[rows[0].index(name)] for name in old_header] for r in rows[1:]]
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerows(old + [["2", "1"]])  # a line a crash cut short
+    train(tiny_config(out, *overrides))
+    with open(path, newline="") as f:
+        new = list(csv.reader(f))
+    assert new[0] == list(STATS_COLUMNS)
+    kept = [r for r in new[1:] if r[0] == "2"]
+    assert [r[:7] for r in kept] == old[1:]  # the old values, by column name
+    assert all(cell == "" for r in kept for cell in r[7:])  # what the older run did not measure
+    assert all(cell != "" for r in new[1:] if r[0] == "4" for cell in r)
+    assert len(new) == 1 + 2 * 8

@@ -1,28 +1,47 @@
-"""Attention you can watch while it trains.
+"""Attention you can watch while it trains, and what each head does.
 
-At every eval (or every `wandb.attn_interval` steps) a fixed probe text goes through the from-scratch
-attention path, in eval mode with no grad, and the run records:
-  - per layer and head: entropy, sink mass, mean distance and the decay exponent gamma
-    (insight/stats.py), as W&B scalars `attn/L{layer}.H{head}/{stat}` and rows of
-    `out_dir/attn/stats.csv` (step, layer, head, stats...);
-  - a heatmap grid of every head of the configured layers, as `out_dir/attn/layer_{L}/step_{S}.png`
-    and a W&B image under `attn/layer_{L}` (one key per layer, so the media panel steps through training);
+At every eval (or every `wandb.attn_interval` steps) the model runs, in eval mode with no grad, on a fixed
+probe text (attn.probe_text, or the start of the val split) and on the seeded role probe (attn.role_batch
+sequences of a start token, R random ordinary tokens and the same R again: insight/roles.py), and the run
+records:
+  - per layer and head: the map statistics (entropy, sink mass, mean distance, the decay exponent gamma and
+    its fit's R², insight/stats.py), the role scores (prev_token on the probe text; duplicate_token and
+    induction on the role probe) and ablation_dloss (the probe text's loss with the head removed, minus the
+    intact loss: insight/ablation.py, mode attn.ablation), as W&B scalars `attn/L{layer}.H{head}/{column}`
+    and rows of `out_dir/attn/stats.csv` (STATS_COLUMNS). A score that cannot be computed (a probe too short)
+    is `nan`; ablation_dloss with attn.ablation=off (or under FSDP, whose sharded layers cannot be re-run one
+    by one) is left empty and logs no W&B key;
+  - a heatmap grid of every head of the configured layers, as `out_dir/attn/layer_{L}/step_{S}.png` and a W&B
+    image under `attn/layer_{L}` (one key per layer, so the media panel steps through training), and beside
+    it the zoom on the last 64 queries over their last 64 keys, `step_{S}_zoom.png` and `attn/layer_{L}_zoom`
+    (for a probe text longer than insight.heatmap.LABEL_MAX_T = 48 tokens: a shorter map is drawn whole with
+    every token labelled, which is all the zoom would show);
   - the interactive explorer of every layer and head (insight/explorer/), as
-    `out_dir/attn/explorer/step_{S}.html` and a W&B Html under `attn/explorer`.
+    `out_dir/attn/explorer/step_{S}.html` and a W&B Html under `attn/explorer`;
+  - the heads over training (insight/role_plot.py): every head's induction score against the step with the
+    val ICL score below, `out_dir/attn/heads_over_training.png` and W&B image `attn/heads_over_training`.
+The evals' val ICL scores are kept in `out_dir/attn/icl.csv` (step, icl_score) for that picture. Both CSV
+files hold one row per step (and layer and head) across crashes and resumes (`_drop_rows_after`).
 """
 from __future__ import annotations
 
 import csv
+import math
 import os
 import time
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 
 from common.errors import UserError
 from data.prepare import PreparedData
+from insight.ablation import ablation_dloss
 from insight.explorer import write_explorer
-from insight.heatmap import draw_heatmap
+from insight.heatmap import LABEL_MAX_T, draw_heatmap, draw_heatmap_zoom
+from insight.role_plot import draw_heads_over_training, induction_summary
+from insight.roles import ROLE_NAMES, head_role_scores, prev_token_score, probe_length, role_probe
 from insight.stats import STAT_NAMES, head_stats
 from model.gpt import GPT
 from training.config import RunConfig
@@ -31,7 +50,12 @@ from training.runtime import Runtime
 from training.writes import could_not_write
 
 STATS_FILE = "stats.csv"
+STATS_COLUMNS = ("step", "layer", "head", *STAT_NAMES, *ROLE_NAMES, "ablation_dloss")
+ICL_FILE = "icl.csv"
+ICL_COLUMNS = ("step", "icl_score")
+PICTURE_FILE = "heads_over_training.png"
 EXPLORER_MAX_BYTES = 4_000_000  # per snapshot (a run writes one per eval): q/k/v for the step-by-step view beyond it are left out
+ROLE_PROBE_SEED = 0  # the role probe is the same in every run of a tokenizer and block size: runs compare
 
 
 def default_layers(n_layer: int) -> list[int]:
@@ -53,14 +77,65 @@ def probe_ids(cfg: RunConfig, prepared: PreparedData, block_size: int) -> list[i
     return [int(t) for t in prepared.stream("val").read(0, block_size)]
 
 
-def _row_step(row: list[str]) -> int | None:
-    """The step of a stats.csv row, or None for a row that is not one of ours."""
-    if len(row) != 3 + len(STAT_NAMES):
+class Probes:
+    """The inputs of a snapshot and its forward passes. Under FSDP every pass is a collective over the
+    shards, so the other processes run exactly these passes too (training/parallel.MonitorFollower)."""
+
+    def __init__(self, cfg: RunConfig, model: GPT, prepared: PreparedData, rt: Runtime):
+        block_size = model.config.block_size
+        self.ids = probe_ids(cfg, prepared, block_size)
+        self.text = torch.tensor([self.ids], dtype=torch.long, device=rt.device)  # (1, T)
+        tokenizer = prepared.tokenizer
+        self.roles = None  # (role_batch, 1 + 2R), or None for a block too short for a role probe (R < 1)
+        R = probe_length(block_size)
+        self.role_note = f"block_size {block_size} is too short for it: NaN"
+        if R >= 1:
+            self.role_note = (f"{cfg.attn.role_batch} × a start token, {R} random tokens and the same {R} again, "
+                              f"seed {ROLE_PROBE_SEED}")
+            self.roles = role_probe(tokenizer.ordinary_ids(), tokenizer.start_id, block_size,
+                                    batch=cfg.attn.role_batch, seed=ROLE_PROBE_SEED).to(rt.device)
+        self.ablation = cfg.attn.ablation if cfg.train.parallel != "fsdp" else "off"
+        if len(self.ids) < 2:
+            self.ablation = "off"  # one token predicts nothing: there is no loss to lose
+
+    def run(self, model: GPT) -> tuple[dict, dict[str, np.ndarray], np.ndarray | None]:
+        """(attention internals of the probe text per layer, {role: (n_layer, n_head)}, ablation_dloss
+        (n_layer, n_head) or None when off)."""
+        internals = model.attention_internals(self.text)
+        n_layer, n_head = model.config.n_layer, model.config.n_head
+        roles = {"prev_token": np.stack([prev_token_score(internals[layer].weights) for layer in range(n_layer)])}
+        if self.roles is None:
+            roles.update(duplicate_token=np.full((n_layer, n_head), np.nan), induction=np.full((n_layer, n_head), np.nan))
+        else:  # head_role_scores' own prev_token (on text of 2 tokens or more) is the one above
+            text = self.text if self.text.shape[1] >= 2 else self.roles
+            scores = head_role_scores(model, text, self.roles)
+            roles.update(duplicate_token=scores["duplicate_token"], induction=scores["induction"])
+        dloss = ablation_dloss(model, self.text, self.ablation) if self.ablation != "off" else None
+        return internals, roles, dloss
+
+
+def _row_step(row: list[str], width: int = len(STATS_COLUMNS)) -> int | None:
+    """The step of a CSV row of `width` columns, or None for a row that is not one of ours (cut short)."""
+    if len(row) != width:
         return None
     try:
         return int(row[0])
     except ValueError:
         return None
+
+
+def _cell(value: float | None) -> str:
+    """A CSV cell: '' for a score not measured, 'nan' for one measured but undefined, else repr."""
+    if value is None:
+        return ""
+    return "nan" if math.isnan(value) else repr(float(value))
+
+
+def _float(cell: str) -> float:
+    try:
+        return float(cell)
+    except ValueError:
+        return math.nan
 
 
 class AttentionMonitor:
@@ -70,67 +145,110 @@ class AttentionMonitor:
         self.logger = logger
         self.interval = cfg.wandb.attn_interval
         self.layers_drawn = cfg.attn.layers if cfg.attn.layers is not None else default_layers(model.config.n_layer)
-        ids = probe_ids(cfg, prepared, model.config.block_size)
-        self.idx = torch.tensor([ids], dtype=torch.long, device=rt.device)  # (1, T)
-        self.tokens = prepared.tokenizer.token_strings(ids)
+        self.probes = Probes(cfg, model, prepared, rt)
+        self.idx = self.probes.text  # (1, T)
+        self.tokens = prepared.tokenizer.token_strings(self.probes.ids)
         self.out_dir = Path(cfg.out_dir)
         self.dir = self.out_dir / "attn"
         with could_not_write(self.dir, self.out_dir):  # out_dir/attn being a file: refused at the start
             self.dir.mkdir(parents=True, exist_ok=True)
         self.stats_path = self.dir / STATS_FILE
+        self.icl_path = self.dir / ICL_FILE
+        self.picture_path = self.dir / PICTURE_FILE
+        # what the picture and the summary are drawn from: (step, layer, head, induction) and (step, icl)
+        self.induction_rows: list[tuple[int, int, int, float]] = []
+        self.icl_rows: list[tuple[int, float]] = []
         self._drop_rows_after(start_step)
         self.seconds = 0.0  # time spent here, to report the overhead
+        if self.probes.roles is None:
+            logger.write(f"attention monitor: block_size {model.config.block_size} is too short for the role "
+                         f"probe (it needs 3 positions): duplicate_token and induction are nan")
+        if cfg.attn.ablation != "off" and self.probes.ablation == "off":
+            why = "under train.parallel=fsdp" if cfg.train.parallel == "fsdp" else "on a 1-token probe text"
+            logger.write(f"attention monitor: ablation_dloss is not measured {why}; its column stays empty")
+
+    # --- the CSV files across crashes and resumes -------------------------------------------------------
 
     def _drop_rows_after(self, step: int) -> None:
-        """A resumed run redoes the steps after its checkpoint: forget their rows, keep one per (step, layer, head).
-        Rows that are not (step, layer, head, stats...) (a line cut short by a crash) are dropped too. The file
-        is rewritten whole or not at all (temporary file, then a rename)."""
-        if not self.stats_path.is_file():
-            return
-        header = ["step", "layer", "head", *STAT_NAMES]
-        with could_not_write(self.stats_path, self.out_dir):
-            with open(self.stats_path, newline="", encoding="utf-8", errors="replace") as f:
+        """A resumed run redoes the steps after its checkpoint: forget their rows, keep one per (step, layer,
+        head) in stats.csv and one per step in icl.csv. Rows that are not ours (a line cut short by a crash)
+        are dropped too. A stats.csv of an older run with fewer columns is rewritten under today's header,
+        its rows keeping their values and the new columns left empty. Each file is rewritten whole or not at
+        all (temporary file, then a rename). Then the rows kept are what the picture starts from."""
+        stats = self._kept_rows(self.stats_path, STATS_COLUMNS, step)
+        icl = self._kept_rows(self.icl_path, ICL_COLUMNS, step)
+        column = STATS_COLUMNS.index("induction")
+        self.induction_rows = [(int(r[0]), int(r[1]), int(r[2]), _float(r[column])) for r in stats]
+        self.icl_rows = [(int(r[0]), _float(r[1])) for r in icl]
+
+    def _kept_rows(self, path: Path, columns: tuple[str, ...], step: int) -> list[list[str]]:
+        if not path.is_file():
+            return []
+        with could_not_write(path, self.out_dir):
+            with open(path, newline="", encoding="utf-8", errors="replace") as f:
                 rows = [row for row in csv.reader(line.replace("\0", "") for line in f)]
-            kept = [header] + [r for r in rows[1:] if _row_step(r) is not None and _row_step(r) <= step]
+            header = rows[0] if rows else []
+            if header[:1] == ["step"] and header != list(columns) and set(header) <= set(columns):
+                # an older layout: its columns by name, today's missing ones empty
+                where = [header.index(name) if name in header else None for name in columns]
+                body = [[row[k] if k is not None else "" for k in where]
+                        for row in rows[1:] if _row_step(row, len(header)) is not None]
+            else:
+                body = rows[1:]
+            body = [r for r in body if _row_step(r, len(columns)) is not None and _row_step(r, len(columns)) <= step]
+            kept = [list(columns)] + body
             if kept != rows:
-                tmp = self.stats_path.with_name(f".{STATS_FILE}.tmp")
-                with open(tmp, "w", newline="") as f:
-                    csv.writer(f).writerows(kept)
-                os.replace(tmp, self.stats_path)
+                tmp = path.with_name(f".{path.name}.tmp")
+                try:
+                    with open(tmp, "w", newline="") as f:
+                        csv.writer(f).writerows(kept)
+                    os.replace(tmp, path)
+                except OSError:
+                    tmp.unlink(missing_ok=True)  # the file itself is as it was
+                    raise
+        return body
+
+    def _append(self, path: Path, columns: tuple[str, ...], rows: list[list]) -> None:
+        new_file = not path.is_file()
+        with could_not_write(path, self.out_dir), open(path, "a", newline="") as f:
+            writer = csv.writer(f)
+            if new_file:
+                writer.writerow(columns)
+            writer.writerows(rows)
+
+    # --- snapshots --------------------------------------------------------------------------------------
 
     def due(self, step: int) -> bool:
         return self.interval is not None and step % self.interval == 0
 
+    def record_icl(self, step: int, icl_score: float) -> None:
+        """An eval's val ICL score, for the picture (icl.csv)."""
+        self._append(self.icl_path, ICL_COLUMNS, [[step, _cell(icl_score)]])
+        self.icl_rows.append((step, icl_score))
+
     @torch.no_grad()
     def snapshot(self, step: int) -> None:
         t0 = time.perf_counter()
-        # one forward pass gives the maps and what the explorer needs (q, k, v, W_O): from-scratch path, eval
-        # mode. One pass also keeps an FSDP run's other processes in step (training/parallel.MonitorFollower)
-        internals = self.model.attention_internals(self.idx)
+        # the maps, what the explorer needs (q, k, v, W_O), the role scores and the ablations: from-scratch
+        # path, eval mode; the same passes on every process of an FSDP run (Probes)
+        internals, roles, dloss = self.probes.run(self.model)
         maps = {layer: found.weights for layer, found in internals.items()}  # {layer: (1, n_head, T, T)}
         scalars: dict[str, object] = {}
         rows = []
         for layer, weights in maps.items():
             stats = head_stats(weights)
             for head in range(weights.shape[1]):
-                values = [float(stats[name][head]) for name in STAT_NAMES]
-                rows.append([step, layer, head, *values])
-                for name, value in zip(STAT_NAMES, values):
-                    scalars[f"attn/L{layer}.H{head}/{name}"] = value
-        new_file = not self.stats_path.is_file()
-        with could_not_write(self.stats_path, self.out_dir), open(self.stats_path, "a", newline="") as f:
-            writer = csv.writer(f)
-            if new_file:
-                writer.writerow(["step", "layer", "head", *STAT_NAMES])
-            writer.writerows(rows)
-        images = {}
-        for layer in self.layers_drawn:
-            png = self.dir / f"layer_{layer}" / f"step_{step:06d}.png"
-            with could_not_write(png, self.out_dir):
-                png.parent.mkdir(exist_ok=True)
-                draw_heatmap(maps[layer][0], self.tokens, title=f"layer {layer}, step {step}", path=png)
-            images[f"attn/layer_{layer}"] = png
-        explorer = self.write_explorer(step, internals)
+                values: dict[str, float | None] = {name: float(stats[name][head]) for name in STAT_NAMES}
+                values.update({name: float(roles[name][layer, head]) for name in ROLE_NAMES})
+                values["ablation_dloss"] = None if dloss is None else float(dloss[layer, head])
+                rows.append([step, layer, head, *(_cell(values[name]) for name in STATS_COLUMNS[3:])])
+                self.induction_rows.append((step, layer, head, values["induction"]))
+                for name, value in values.items():
+                    if value is not None:
+                        scalars[f"attn/L{layer}.H{head}/{name}"] = value
+        self._append(self.stats_path, STATS_COLUMNS, rows)
+        images = self.draw(step, maps)
+        explorer = self.write_explorer(step, internals, {**roles, **({} if dloss is None else {"ablation_dloss": dloss})})
         if self.logger.wandb is not None:
             import wandb
             scalars.update({key: wandb.Image(str(png), caption=f"step {step}") for key, png in images.items()})
@@ -138,9 +256,39 @@ class AttentionMonitor:
             self.logger.log_wandb(step, scalars)
         self.seconds += time.perf_counter() - t0
 
-    def write_explorer(self, step: int, internals: dict) -> Path:
-        """The explorer of every layer and head over the probe, as `attn/explorer/step_{S}.html`."""
+    def draw(self, step: int, maps: dict[int, torch.Tensor]) -> dict[str, Path]:
+        """The heatmaps and zooms of the drawn layers and the heads-over-training picture: {W&B key: PNG}."""
+        images = {}
+        for layer in self.layers_drawn:
+            png = self.dir / f"layer_{layer}" / f"step_{step:06d}.png"
+            with could_not_write(png, self.out_dir):
+                png.parent.mkdir(exist_ok=True)
+                draw_heatmap(maps[layer][0], self.tokens, title=f"layer {layer}, step {step}", path=png)
+            images[f"attn/layer_{layer}"] = png
+            if self.idx.shape[1] > LABEL_MAX_T:  # shorter: the full map labels every token, the zoom would repeat it
+                zoom = png.with_name(f"step_{step:06d}_zoom.png")
+                with could_not_write(zoom, self.out_dir):
+                    draw_heatmap_zoom(maps[layer][0], self.tokens, path=zoom, title=f"layer {layer}, step {step}")
+                images[f"attn/layer_{layer}_zoom"] = zoom
+        with could_not_write(self.picture_path, self.out_dir):
+            draw_heads_over_training(self.induction_rows, self.icl_rows, path=self.picture_path,
+                                     title=f"induction score per head (layer.head), up to step {step}")
+        images["attn/heads_over_training"] = self.picture_path
+        return images
+
+    def write_explorer(self, step: int, internals: dict, head_scores: dict[str, np.ndarray]) -> Path:
+        """The explorer of every layer and head over the probe, as `attn/explorer/step_{S}.html`, its
+        Statistics tab with the snapshot's head scores ({name: (n_layer, n_head)})."""
         path = self.dir / "explorer" / f"step_{step:06d}.html"
         path.parent.mkdir(exist_ok=True)
+        ablation = ("; ablation Δloss not measured (attn.ablation=off or FSDP)" if "ablation_dloss" not in head_scores
+                    else f"; ablation Δloss over the probe text, each head {self.probes.ablation}-ablated")
+        note = (f"step {step}: prev_token over the probe text's {len(self.probes.ids)} tokens; duplicate_token and "
+                f"induction on the role probe ({self.probes.role_note}){ablation}")
         return write_explorer(path, internals, self.tokens, title=f"attention at step {step}", info=f"step {step}",
-                              max_bytes=EXPLORER_MAX_BYTES)
+                              max_bytes=EXPLORER_MAX_BYTES, head_scores=head_scores, scores_note=note)
+
+    def summary(self) -> str:
+        """The run's induction heads and phase change, in one line (insight.role_plot.induction_summary)."""
+        return induction_summary(self.induction_rows, self.icl_rows)
+

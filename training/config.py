@@ -111,15 +111,32 @@ class WandbConfig:
             raise ValueError(f"init_timeout={self.init_timeout}: must be in (0, 3600] seconds")
 
 
+ABLATION_MODES = ("zero", "mean", "off")  # insight/ablation.py's (not imported: it loads torch)
+MAX_ROLE_BATCH = 1024  # role probes held at once: 1024 x 101 tokens' maps of a layer are ~40 MB per head
+
+
 @dataclass
 class AttnConfig:
     enabled: bool = True  # log attention heatmaps and per-head statistics while training
     layers: list[int] | None = None  # layers drawn as heatmaps; None -> first, middle and last
     probe_text: str | None = None  # the text attention is shown on; None -> the first block_size tokens of val
+    # sequences in the role probe (start token, R random ordinary tokens, the same R again: insight/roles.py)
+    # that duplicate_token and induction are measured on
+    role_batch: int = 8
+    # how a head is removed for ablation_dloss on the probe text: zero its output, replace it by its mean over
+    # positions, or off (no ablation: the stats.csv column stays empty, no W&B key). YAML reads a bare off as
+    # false: that is taken as off too
+    ablation: Literal["zero", "mean", "off"] | bool = "zero"
 
     def __post_init__(self) -> None:
         if self.layers is not None and any(layer < 0 for layer in self.layers):
             raise ValueError(f"layers={self.layers}: layer indices must be >= 0")
+        if not 1 <= self.role_batch <= MAX_ROLE_BATCH:
+            raise ValueError(f"role_batch={self.role_batch}: must be from 1 to {MAX_ROLE_BATCH} sequences")
+        if self.ablation is False:
+            self.ablation = "off"
+        if self.ablation not in ABLATION_MODES:
+            raise ValueError(f"ablation={self.ablation!r}: must be one of {', '.join(ABLATION_MODES)}")
 
 
 MAX_SEED = 2**63 - 1

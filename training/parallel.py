@@ -116,14 +116,16 @@ class MonitorFollower:
     a collective with sharded weights) and records nothing."""
 
     def __init__(self, cfg: Any, model: nn.Module, prepared: Any, rt: Runtime) -> None:
-        from training.attn_monitor import probe_ids
+        from training.attn_monitor import Probes
 
         self.model, self.interval, self.seconds = model, cfg.wandb.attn_interval, 0.0
-        ids = probe_ids(cfg, prepared, model.config.block_size)
-        self.idx = torch.tensor([ids], dtype=torch.long, device=rt.device)  # (1, T)
+        self.probes = Probes(cfg, model, prepared, rt)
 
     def due(self, step: int) -> bool:
         return self.interval is not None and step % self.interval == 0
 
+    def record_icl(self, step: int, icl_score: float) -> None:
+        pass  # rank 0 records it
+
     def snapshot(self, step: int) -> None:
-        self.model.attention_internals(self.idx)  # the same forward pass as rank 0's AttentionMonitor.snapshot
+        self.probes.run(self.model)  # the same forward passes as rank 0's AttentionMonitor.snapshot
