@@ -149,9 +149,8 @@ def _draw_grid(panels: np.ndarray, heads: list[int], ticks: list[int], names: li
     bar = fig.colorbar(image, cax=bar_ax, label="attention weight (colour ∝ √weight)")
     ticks_w = colour_bar_ticks(vmax)
     bar.set_ticks(ticks_w, labels=[f"{t:.2g}" for t in ticks_w])
-    fig.text((left + ncols * cell_w / 2) / width, 0.08 / height, xlabel, fontsize=9, ha="center", va="bottom")
-    fig.text(0.06 / width, (bottom + nrows * cell_h / 2) / height, ylabel, fontsize=9, rotation=90,
-             ha="left", va="center")
+    fig.supxlabel(xlabel, fontsize=9, x=(left + ncols * cell_w / 2) / width, y=0.08 / height, va="bottom")
+    fig.supylabel(ylabel, fontsize=9, x=0.06 / width, y=(bottom + nrows * cell_h / 2) / height, ha="left")
     if title:
         fig.suptitle(title, fontsize=11, y=1 - 0.08 / height, va="top")
     return fig

@@ -120,7 +120,7 @@ def disk_full(*args, **kwargs):
 
 @pytest.mark.parametrize("target, path_fragment", [
     ("training.attn_monitor.draw_heatmap", "attn/layer_0/step_000004.png"),  # a heatmap
-    ("csv.writer", "attn/stats.csv"),  # stats.csv rows
+    ("csv.writer", "attn/icl.csv"),  # CSV rows: icl.csv, the first an eval writes (stats.csv follows)
     ("json.dumps", "metrics.jsonl"),  # stands in for the write: its OSError reaches the same handler
 ])
 def test_a_full_disk_while_writing_run_files_is_one_line_and_keeps_the_checkpoint(tmp_path, trained, data_dir,

@@ -67,8 +67,8 @@ def test_stats_rows_stay_one_per_step_layer_and_head_across_a_crash_and_resume(t
     assert sorted({k[0] for k in stats_keys(out)}) == [1, 2, 3, 4, 5, 6]
     train(tiny_config(out, *overrides))
     assert stats_keys(out) == [(step, layer, head) for step in range(1, 9) for layer in range(2) for head in range(4)]
-    assert sorted(p.name for p in (out / "attn" / "layer_1").iterdir()) == sorted(
-        f"step_{s:06d}{kind}.png" for s in range(1, 9) for kind in ("", "_zoom"))
+    # a 32-token probe is drawn whole with every token labelled: no zoom beside it (LABEL_MAX_T = 48)
+    assert sorted(p.name for p in (out / "attn" / "layer_1").iterdir()) == [f"step_{s:06d}.png" for s in range(1, 9)]
     assert not (out / "attn" / "layer_0").exists()  # attn.layers=[1]: only layer 1 is drawn
     # the evals' ICL scores: one row per eval (steps 4 and 8), the same values as metrics.jsonl's last ones
     icl = (out / "attn" / "icl.csv").read_text().splitlines()
@@ -142,10 +142,13 @@ def test_ablation_off_leaves_the_column_empty_and_logs_no_key(tmp_path, monkeypa
     assert not any(k.endswith("/ablation_dloss") for k in keys)
     assert isinstance(next(d for d in logged if "attn/heads_over_training" in d)["attn/heads_over_training"],
                       FakeWandb.Image)
-    assert {"attn/layer_0_zoom", "attn/layer_1_zoom"} <= keys
+    assert {"attn/layer_0", "attn/layer_1"} <= keys and not any(k.endswith("_zoom") for k in keys)  # 32 tokens
     logged.clear()
-    train(tiny_config(tmp_path / "on", "train.max_iters=2", "eval.interval=2", "wandb.mode=offline"))
-    assert "attn/L1.H3/ablation_dloss" in set().union(*logged)
+    train(tiny_config(tmp_path / "on", "train.max_iters=2", "eval.interval=2", "wandb.mode=offline",
+                      "model.block_size=64"))  # a 64-token probe: the zoom is logged beside each full map
+    keys = set().union(*logged)
+    assert "attn/L1.H3/ablation_dloss" in keys and {"attn/layer_0_zoom", "attn/layer_1_zoom"} <= keys
+    assert (tmp_path / "on" / "attn" / "layer_1" / "step_000002_zoom.png").is_file()
 
 
 class FakeRun:
