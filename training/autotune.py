@@ -157,20 +157,28 @@ def save_choice(out_dir: Path, choice: Choice) -> None:
         os.replace(tmp, path)
 
 
-def bf16_matmul_ratio(device: torch.device, size: int = 512, reps: int = 4) -> float:
-    """bf16 / float32 matmul throughput on this device (> 1: bf16 is faster), from a short probe."""
+def bf16_matmul_ratio(device: torch.device, size: int = 512, reps: int = 4, rounds: int = 3) -> float:
+    """bf16 / float32 matmul throughput on this device (> 1: bf16 is faster), from a short probe: the same
+    size x size products in each dtype, each warmed up once, then `rounds` rounds of `reps` products, the
+    dtypes in turn within each round, each dtype's fastest round kept. One pass of each, one after the
+    other, once read a CPU whose bf16 matmuls are 2.8x float32's as 0.72x (a burst of load on a shared
+    machine hit the bf16 pass), and the run trained in float32, 1.2x slower."""
     gen = torch.Generator(device=device).manual_seed(0)
-    seconds = {}
+    operands = {}
     for dtype in (torch.float32, torch.bfloat16):
         a = torch.randn(size, size, device=device, generator=gen).to(dtype)
         b = torch.randn(size, size, device=device, generator=gen).to(dtype)
         a @ b  # first call: kernel selection, packing
-        synchronize(device)
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            a @ b
-        synchronize(device)
-        seconds[dtype] = time.perf_counter() - t0
+        operands[dtype] = (a, b)
+    seconds = {dtype: math.inf for dtype in operands}
+    for _ in range(rounds):
+        for dtype, (a, b) in operands.items():
+            synchronize(device)
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                a @ b
+            synchronize(device)
+            seconds[dtype] = min(seconds[dtype], time.perf_counter() - t0)
     return seconds[torch.float32] / seconds[torch.bfloat16]
 
 
