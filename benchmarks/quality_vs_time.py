@@ -3,9 +3,9 @@
 Runs `training.trainer.train` on a config (default configs/small.yaml, ~5 minutes on a 2-core CPU) with any
 `key=value` overrides, then reads `out_dir/metrics.jsonl`: one row per eval (step, time_s, tokens seen,
 train loss, val loss). time_s is the trainer's own clock in every metrics row: seconds since its logger
-started, just before the first step, to the row's writing (for an eval row: the eval's end), with the
-earlier evals, checkpoint saves and attention snapshots included: the wall-clock a user waits for that
-val loss.
+started (after the data is loaded and the model built, before `auto` times dtype and compile) to the
+row's writing (for an eval row: the eval's end), with that timing and compile, the earlier evals,
+checkpoint saves and attention snapshots included: the wall-clock a user waits for that val loss.
 
     python benchmarks/quality_vs_time.py [CONFIG] [key=value ...] [--out-dir DIR] [--keep] [--threads N]
         [--metrics FILE] [--note TEXT] [--no-save] [--vs-nanogpt [ITERS]]
@@ -188,8 +188,9 @@ def main() -> None:
         section = [f"## Val loss vs wall-clock, {title} ({_report.timestamp()})", "",
                    f"- Machine: {machine_line}", f"- Command: `{_report.command('quality_vs_time.py')}`",
                    *[f"- {line}" for line in lines],
-                   "- time_s: the trainer's clock in metrics.jsonl, seconds from just before the first step to the "
-                   "eval's end, earlier evals, checkpoint saves and attention snapshots included. tokens seen = "
+                   "- time_s: the trainer's clock in metrics.jsonl, seconds from the logger's start (after data "
+                   "loading and the model's build, before auto's timing and compile) to the eval's end, the timing, "
+                   "compile, earlier evals, checkpoint saves and attention snapshots included. tokens seen = "
                    "step x "
                    f"{tokens_per_step:,} tokens/step.",
                    "", *table, *extra_tables, ""]
