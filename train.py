@@ -102,4 +102,13 @@ def _main(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(exit_at_once_when_interrupted=True))
+    code = main(exit_at_once_when_interrupted=True)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # a torchrun process has finished and left its process group (training/runtime.teardown_runtime); it ends
+        # here without the interpreter's finalization, where objects still holding the group (DDP's reducer)
+        # would destroy gloo's threads unjoined: under load a finished run once aborted there ("terminate
+        # called without an active exception", SIGABRT) and torchrun reported the whole run failed
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
