@@ -35,7 +35,7 @@ import torch
 from insight.ablation import ablation_dloss
 from insight.explorer import HEAD_SCORE_NAMES, write_explorer
 from insight.heatmap import draw_heatmap
-from insight.roles import head_role_scores, prev_token_score, probe_length, role_probe
+from insight.roles import prev_token_score, probe_length, probe_role_scores, role_probe
 from insight.value_weighted import internals_value_norms
 from model.attention import AttentionInternals
 
@@ -90,13 +90,12 @@ def prompt_head_scores(model, idx: torch.Tensor, tokenizer, role_batch: int = RO
     else:
         probe_note = (f"duplicate_token and induction are NaN: block_size {model.config.block_size} leaves no room "
                       f"for the role probe (a start token and two copies)")
-    if probe is not None:  # a 1-token prompt has no prev_token score: the probe stands in, its score dropped
-        roles = head_role_scores(model, idx if T >= 2 else probe, probe)
-        roles = {**roles, "prev_token": roles["prev_token"] if T >= 2 else nan}
-    else:
+    roles = probe_role_scores(model, probe) if probe is not None else {"duplicate_token": nan, "induction": nan}
+    if T >= 2:  # a 1-token prompt has no previous token
         maps = model.attention_maps(idx)  # {layer: (1, n_head, T, T)}, eval mode
-        roles = {"prev_token": np.stack([prev_token_score(maps[layer]) for layer in range(n_layer)]),
-                 "duplicate_token": nan, "induction": nan}
+        roles["prev_token"] = np.stack([prev_token_score(maps[layer]) for layer in range(n_layer)])
+    else:
+        roles["prev_token"] = nan
     if T >= 2:
         dloss = ablation_dloss(model, idx, mode="zero")
         prompt_note = f"prev_token and ablation Δloss over the prompt's {T} tokens"

@@ -136,11 +136,21 @@ def head_role_scores(model, text_idx: torch.Tensor, probe_idx: torch.Tensor) -> 
     for name, idx in (("text_idx", text_idx), ("probe_idx", probe_idx)):
         if idx.dim() != 2 or idx.shape[0] < 1 or idx.shape[1] < 2:
             raise ValueError(f"{name} must be (B, T) token ids with B >= 1 and T >= 2, got {tuple(idx.shape)}")
-    R = (probe_idx.shape[1] - 1) // 2
     scores = _mean_scores(model, text_idx, {"prev_token": prev_token_score})
-    scores.update(_mean_scores(model, probe_idx, {"duplicate_token": lambda w: duplicate_token_score(w, R),
-                                                  "induction": lambda w: induction_score(w, R)}))
+    scores.update(probe_role_scores(model, probe_idx))
     return {name: scores[name] for name in ROLE_NAMES}
+
+
+@torch.no_grad()
+def probe_role_scores(model, probe_idx: torch.Tensor) -> dict[str, np.ndarray]:
+    """{"duplicate_token": (n_layer, n_head), "induction": (n_layer, n_head)} float64 on probe_idx (B, 1 + 2R),
+    a `role_probe`: the two roles head_role_scores measures on the probe, for a caller that has its text's
+    maps already (prev_token needs only those)."""
+    if probe_idx.dim() != 2 or probe_idx.shape[0] < 1 or probe_idx.shape[1] < 2:
+        raise ValueError(f"probe_idx must be (B, T) token ids with B >= 1 and T >= 2, got {tuple(probe_idx.shape)}")
+    R = (probe_idx.shape[1] - 1) // 2
+    return _mean_scores(model, probe_idx, {"duplicate_token": lambda w: duplicate_token_score(w, R),
+                                           "induction": lambda w: induction_score(w, R)})
 
 
 def _mean_scores(model, idx: torch.Tensor, scores: dict[str, Callable]) -> dict[str, np.ndarray]:

@@ -41,7 +41,7 @@ from insight.ablation import ablation_dloss
 from insight.explorer import write_explorer
 from insight.heatmap import LABEL_MAX_T, draw_heatmap, draw_heatmap_zoom
 from insight.role_plot import draw_heads_over_training, induction_summary
-from insight.roles import ROLE_NAMES, head_role_scores, prev_token_score, probe_length, role_probe
+from insight.roles import ROLE_NAMES, prev_token_score, probe_length, probe_role_scores, role_probe
 from insight.stats import STAT_NAMES, head_stats
 from model.gpt import GPT
 from training.config import RunConfig
@@ -106,10 +106,8 @@ class Probes:
         roles = {"prev_token": np.stack([prev_token_score(internals[layer].weights) for layer in range(n_layer)])}
         if self.roles is None:
             roles.update(duplicate_token=np.full((n_layer, n_head), np.nan), induction=np.full((n_layer, n_head), np.nan))
-        else:  # head_role_scores' own prev_token (on text of 2 tokens or more) is the one above
-            text = self.text if self.text.shape[1] >= 2 else self.roles
-            scores = head_role_scores(model, text, self.roles)
-            roles.update(duplicate_token=scores["duplicate_token"], induction=scores["induction"])
+        else:
+            roles.update(probe_role_scores(model, self.roles))
         dloss = ablation_dloss(model, self.text, self.ablation) if self.ablation != "off" else None
         return internals, roles, dloss
 

@@ -127,5 +127,8 @@ class MonitorFollower:
     def record_icl(self, step: int, icl_score: float) -> None:
         pass  # rank 0 records it
 
+    def summary(self) -> None:
+        return None  # rank 0 sums the run up
+
     def snapshot(self, step: int) -> None:
         self.probes.run(self.model)  # the same forward passes as rank 0's AttentionMonitor.snapshot

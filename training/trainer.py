@@ -274,11 +274,6 @@ def _wrap(model: GPT, compile_model: bool, rt: Runtime, compiled: nn.Module | No
     return wrapped
 
 
-def summary_of(monitor: Any) -> str | None:
-    """The attention monitor's summary line; None without one (attn.enabled=false) or on a follower process."""
-    return monitor.summary() if hasattr(monitor, "summary") else None
-
-
 def train_loop(run: Run, should_stop: Callable[[int], bool] | None = None) -> TrainResult:
     """Steps from the run's current step to train.max_iters, with logging, evals, checkpoints and a clean
     stop on SIGINT/SIGTERM (or should_stop)."""
@@ -318,7 +313,7 @@ def train_loop(run: Run, should_stop: Callable[[int], bool] | None = None) -> Tr
                 break
     result.train_seconds = time.perf_counter() - loop_t0
     result.attn_seconds = run.monitor.seconds if run.monitor is not None else 0.0
-    result.induction_summary = summary_of(run.monitor)
+    result.induction_summary = run.monitor.summary() if run.monitor is not None else None
     if result.induction_summary is not None:
         run.logger.write(result.induction_summary)
     run.logger.close()
@@ -374,14 +369,13 @@ def evaluate_and_save(run: Run, step: int) -> None:
     improved = losses["val"] < result.best_val
     result.best_val = min(result.best_val, losses["val"])
     result.evals.append({"step": step, **losses})
-    icl = losses.get("icl_score")
+    icl = losses["icl_score"]
     run.logger.write(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
-                     f"{' (best)' if improved else ''}{'' if icl is None else f', ICL score {icl:.3f}'}")
+                     f"{' (best)' if improved else ''}, ICL score {icl:.3f}")
     run.logger.record(step, {"val/loss": losses["val"], "train/eval_loss": losses["train"],
-                             "val/best": result.best_val, **({} if icl is None else {"val/icl_score": icl})})
+                             "val/best": result.best_val, "val/icl_score": icl})
     if run.monitor is not None:
-        if icl is not None:
-            run.monitor.record_icl(step, icl)
+        run.monitor.record_icl(step, icl)
         run.monitor.snapshot(step)
     if improved:
         run.save_best(step, losses["val"])
