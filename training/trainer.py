@@ -369,13 +369,14 @@ def evaluate_and_save(run: Run, step: int) -> None:
     improved = losses["val"] < result.best_val
     result.best_val = min(result.best_val, losses["val"])
     result.evals.append({"step": step, **losses})
-    icl = losses["icl_score"]
+    icl = losses.get("icl_score")  # None from an evaluate that measures losses only (a test's scripted one)
     run.logger.write(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
-                     f"{' (best)' if improved else ''}, ICL score {icl:.3f}")
+                     f"{' (best)' if improved else ''}{'' if icl is None else f', ICL score {icl:.3f}'}")
     run.logger.record(step, {"val/loss": losses["val"], "train/eval_loss": losses["train"],
-                             "val/best": result.best_val, "val/icl_score": icl})
+                             "val/best": result.best_val, **({} if icl is None else {"val/icl_score": icl})})
     if run.monitor is not None:
-        run.monitor.record_icl(step, icl)
+        if icl is not None:
+            run.monitor.record_icl(step, icl)
         run.monitor.snapshot(step)
     if improved:
         run.save_best(step, losses["val"])
