@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.errors import UserError
 from data.loader import BatchLoader
 from model import GPT
 from model.checkpoint import read_config
@@ -65,6 +66,39 @@ def test_lr_factor_equals_the_formula_at_every_step(overrides, min_lr, decay_ite
     if tc.warmup_iters:  # the edges exactly: the last warmup step and the first cosine step are both at the peak
         assert lr_factor(tc.warmup_iters - 1, tc) == lr_factor(tc.warmup_iters, tc) == 1.0
         assert lr_factor(0, tc) == 1 / tc.warmup_iters
+
+
+def reference_wsd_lr(step: int, lr: float, min_lr: float, warmup: int, decay_iters: int, cooldown: int) -> float:
+    """Linear warmup as above, the peak held, then `cooldown` steps on a straight line from lr (the cooldown's
+    first step) towards min_lr (reached at decay_iters), then min_lr."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    if step >= decay_iters:
+        return min_lr
+    start = decay_iters - cooldown
+    if step < start:
+        return lr
+    return lr - (lr - min_lr) * (step - start) / cooldown
+
+
+@pytest.mark.parametrize("overrides, min_lr, decay_iters, cooldown", [
+    (["train.warmup_iters=4"], 1e-4, 20, 8),  # cooldown_frac 0.4 of 20 steps
+    (["train.warmup_iters=0", "train.lr_decay_iters=10", "train.min_lr=0", "train.cooldown_frac=0.3"], 0.0, 10, 3),
+    (["train.warmup_iters=2", "train.min_lr=3e-4", "train.cooldown_frac=1"], 3e-4, 20, 18),  # not inside the warmup
+    (["train.warmup_iters=3", "train.lr_decay_iters=16", "train.cooldown_frac=0.01"], 1e-4, 16, 1),  # >= 1 step
+])
+def test_wsd_lr_factor_equals_the_formula_at_every_step(overrides, min_lr, decay_iters, cooldown):
+    tc = tiny_config(Path("unused"), "train.lr=1e-3", "train.max_iters=20", "train.lr_schedule=wsd", *overrides).train
+    for step in range(25):
+        assert lr_factor(step, tc) * tc.lr == pytest.approx(
+            reference_wsd_lr(step, 1e-3, min_lr, tc.warmup_iters, decay_iters, cooldown), rel=1e-12, abs=1e-15), step
+    assert lr_factor(decay_iters - cooldown, tc) == 1.0 and lr_factor(decay_iters - cooldown + 1, tc) < 1.0
+
+
+def test_cooldown_frac_outside_its_range_is_refused_in_one_line(tmp_path):
+    for bad in ("0", "-0.1", "1.5"):
+        with pytest.raises(UserError, match="cooldown_frac"):
+            tiny_config(tmp_path, "train.lr_schedule=wsd", f"train.cooldown_frac={bad}")
 
 
 def test_the_run_steps_at_the_scheduled_lr(tmp_path):

@@ -31,9 +31,13 @@ class TrainConfig:
     max_iters: int = 2000  # optimizer steps in the whole run (a resumed run continues up to it)
     optimizer: Literal["adamw", "muon"] = "adamw"  # muon: Muon on 2-D hidden weights, AdamW on the rest
     lr: float = 1e-3  # peak learning rate (AdamW)
-    min_lr: float | None = None  # end of the cosine decay; None -> lr / 10 (Chinchilla)
+    min_lr: float | None = None  # end of the decay; None -> lr / 10 (Chinchilla)
     warmup_iters: int = 100  # linear warmup from lr/warmup_iters (never 0) to lr
-    lr_decay_iters: int | None = None  # cosine decay ends here; None -> max_iters
+    lr_decay_iters: int | None = None  # the decay ends here; None -> max_iters
+    # after warmup: cosine (down to min_lr from the warmup's end, nanoGPT's), or wsd (warmup-stable-decay: the peak
+    # held, then a straight line down to min_lr over the last cooldown_frac of the steps to lr_decay_iters)
+    lr_schedule: Literal["cosine", "wsd"] = "cosine"
+    cooldown_frac: float = 0.4  # wsd only: the share of the steps (up to lr_decay_iters) spent decaying
     weight_decay: float = 0.1  # on 2-D weights (matmuls, embeddings) only; never on norms and biases
     beta1: float = 0.9
     beta2: float = 0.95
@@ -67,6 +71,8 @@ class TrainConfig:
             raise ValueError(f"min_lr={self.min_lr}: must be in [0, lr={self.lr}]")
         if self.warmup_iters < 0:
             raise ValueError(f"warmup_iters={self.warmup_iters}: must be >= 0")
+        if not 0 < self.cooldown_frac <= 1:
+            raise ValueError(f"cooldown_frac={self.cooldown_frac}: must be in (0, 1]")
         if self.lr_decay_iters is not None and self.lr_decay_iters < 1:
             raise ValueError(f"lr_decay_iters={self.lr_decay_iters}: must be >= 1")
         if self.weight_decay < 0 or self.grad_clip < 0:

@@ -114,8 +114,12 @@ def adamw(param_groups: list[dict[str, Any]], cfg: TrainConfig) -> torch.optim.A
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
-    """Multiplier of the peak learning rate at `step` (0-based): linear warmup, then cosine to min_lr.
+    """Multiplier of the peak learning rate at `step` (0-based): linear warmup, then cfg.lr_schedule down to
+    min_lr at lr_decay_iters (default max_iters), min_lr after it.
 
+    cosine: half a cosine from the warmup's end to lr_decay_iters. wsd: the peak held until the last
+    cooldown_frac of the steps before lr_decay_iters, then a straight line down (the cooldown, never shorter
+    than one step, and never starting inside the warmup).
     Warmup starts at 1/warmup_iters of the peak, never at 0 (a step at lr 0 is a wasted step).
     """
     decay_iters = cfg.lr_decay_iters or cfg.max_iters
@@ -124,5 +128,11 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
         return (step + 1) / cfg.warmup_iters
     if step >= decay_iters:
         return min_factor
+    if cfg.lr_schedule == "wsd":
+        cooldown_start = max(cfg.warmup_iters, decay_iters - max(1, round(cfg.cooldown_frac * decay_iters)))
+        if step < cooldown_start:
+            return 1.0
+        progress = (step - cooldown_start) / max(1, decay_iters - cooldown_start)
+        return 1.0 - progress * (1.0 - min_factor)
     progress = (step - cfg.warmup_iters) / max(1, decay_iters - cfg.warmup_iters)
     return min_factor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (1.0 - min_factor)
