@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from insight.heatmap import (ZOOM_LAST, colour_bar_ticks, draw_heatmap, draw_heatmap_zoom, token_label,
+from insight.heatmap import (ZOOM_LAST, cell_labels, colour_bar_ticks, draw_heatmap, draw_heatmap_zoom, token_label,
                              weight_norm)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -105,9 +105,11 @@ def test_zoom_draws_exactly_the_last_queries_over_their_last_keys(tmp_path, T, l
     for ax in fig.axes:
         if not ax.images:
             continue
-        assert [t.get_text() for t in ax.get_xticklabels()] == labels  # every panel: its keys' tokens
-        assert [t.get_text() for t in ax.get_yticklabels()] == labels  # and its queries'
-        assert min(t.get_fontsize() for t in ax.get_xticklabels()) >= 7.0
+        for axis in ("x", "y"):  # every panel: its keys' tokens under it, its queries' beside it, cell by cell
+            assert cell_labels(ax, axis) == [(i, label, pytest.approx(cell_labels(ax, axis)[0][2]))
+                                             for i, label in enumerate(labels)]
+            assert cell_labels(ax, axis)[0][2] >= 7.0
+        assert not ax.get_xticklabels() and not ax.get_yticklabels()  # no tick machinery underneath
     assert f"last {n} queries" in fig._suptitle.get_text() and "layer 1, step 7" in fig._suptitle.get_text()
     assert f"{T - n}..{T - 1}" in fig._suptitle.get_text() or n == 1
 
@@ -117,7 +119,7 @@ def test_zoom_default_is_64_and_bad_arguments_are_refused():
     w = causal_maps(2, 80)
     fig = draw_heatmap_zoom(w, None)
     assert images(fig)[0].get_array().shape == (64, 64)
-    assert [t.get_text() for t in fig.axes[0].get_xticklabels()][:2] == ["16", "17"]  # positions without tokens
+    assert [text for _, text, _ in cell_labels(fig.axes[0], "x")][:2] == ["16", "17"]  # positions without tokens
     assert images(draw_heatmap_zoom(w, None, heads=[1]))[0].get_array().data[-1, -1] == w[1, -1, -1]
     with pytest.raises(ValueError, match="last=0"):
         draw_heatmap_zoom(w, None, last=0)
