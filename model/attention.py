@@ -12,6 +12,7 @@ from-scratch path runs instead, since the fused kernels never materialise them.
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext as _no_context
 from dataclasses import dataclass
 
 import torch
@@ -129,6 +130,31 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x[:, :, None, :, :].expand(b, n_kv, n_rep, t, d).reshape(b, n_kv * n_rep, t, d)
 
 
+def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                    dropout_p: float = 0.0, float32: bool = False) -> torch.Tensor:
+    """F.scaled_dot_product_attention over q (B, n_head, T, head_dim) and the shared k, v (B, n_kv_head, T_k,
+    head_dim): causal when mask is None, else under the bool mask (T, T_k). Returns (B, n_head, T, head_dim) in
+    q's dtype.
+
+    float32: run the kernel on float32 copies with autocast off, where q comes in a lower precision. CPU flash
+    attention's bfloat16 backward is slower than its float32 one at small head sizes (head_dim 32, GQA 4/2:
+    small.yaml's training step 1.20x faster with the upcast, benchmarks/RESULTS.md); the result is the float32
+    kernel's, rounded once to q's dtype."""
+    dtype, n_rep = q.dtype, q.size(1) // k.size(1)
+    upcast = float32 and dtype != torch.float32
+    with torch.autocast(q.device.type, enabled=False) if upcast else _no_context():
+        if upcast:
+            q, k, v = q.float(), k.float(), v.float()
+        if n_rep > 1 and SDPA_HAS_GQA:
+            # the kernel reads each shared kv head for its group of query heads: no expanded copy of k, v
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                                 dropout_p=dropout_p, enable_gqa=True)  # (B, n_head, T, head_dim)
+        else:
+            out = F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), attn_mask=mask,
+                                                 is_causal=mask is None, dropout_p=dropout_p)
+    return out.to(dtype)
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with grouped-query key/value heads and optional RoPE."""
 
@@ -146,6 +172,9 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         self.kv_cache = None  # a model.kv_cache.KVCache while generating with a cache
         self.head_patch: HeadPatch | None = None  # heads whose outputs are replaced (module doc); None = none
+        # the fused kernel on float32 copies of q, k, v under a lower-precision autocast (fused_attention); set
+        # by `dtype: auto` where it measured faster (training/autotune.py), never part of the model's config
+        self.fused_float32 = False
 
     def project_qkv(self, x: torch.Tensor, rope: torch.Tensor | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -202,14 +231,7 @@ class CausalSelfAttention(nn.Module):
             # applying one costs ~5% of an eager CPU decode step (benchmarks/RESULTS.md). Compiled code keeps
             # the row, which on CUDA is a whole-buffer row with unwritten slots to hide.
             sdpa_mask = None if T == 1 and mask is not None and not torch.compiler.is_compiling() else mask
-            if n_rep > 1 and SDPA_HAS_GQA:
-                # the kernel reads each shared kv head for its group of query heads: no expanded copy of k, v
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, is_causal=mask is None,
-                                                     dropout_p=dropout_p, enable_gqa=True)  # (B, n_head, T, head_dim)
-            else:
-                out = F.scaled_dot_product_attention(
-                    q, repeat_kv(k, n_rep), repeat_kv(v, n_rep),
-                    attn_mask=sdpa_mask, is_causal=mask is None, dropout_p=dropout_p)  # (B, n_head, T, head_dim)
+            out = fused_attention(q, k, v, sdpa_mask, dropout_p, float32=self.fused_float32)
 
         if self.head_patch is not None:
             out = self.head_patch.apply(out)  # (B, n_head, T, head_dim)

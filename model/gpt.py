@@ -312,6 +312,12 @@ class GPT(nn.Module):
             block.attn.kv_cache = None
         self.causal_table = None
 
+    def set_fused_attention_float32(self, on: bool) -> None:
+        """Every layer's fused attention kernel on float32 copies of q, k, v under a lower-precision autocast,
+        or not (model.attention.fused_attention): a speed setting of the machine, not of the model."""
+        for block in self.blocks:
+            block.attn.fused_float32 = bool(on)
+
     # ----------------------------------------------------------------------------------------------
     def num_params(self, exclude_embeddings: bool = False) -> int:
         """Distinct parameters (a tied LM head counts once). exclude_embeddings drops the token and

@@ -9,6 +9,10 @@ candidates compared timed in turn, ROUNDS rounds, each keeping its fastest round
   1. float32 eager (always: the baseline, and what an explicit `dtype: float32` would run);
   2. bfloat16 autocast eager, when the device supports bf16 and a short matmul probe does not already show
      bf16 matmuls slower than float32 ones (then its training steps cannot be faster: they are matmuls);
+  then, when bfloat16 won under `dtype: auto` and the model runs the fused attention kernel (attn_impl
+     sdpa): that kernel alone, forward and backward at the run's shape, on q, k, v in bfloat16 against
+     float32 copies of them (fused_attention_timings); the float32 kernel is kept when MIN_GAIN faster
+     (GPT.set_fused_attention_float32), before anything is compiled;
   3. the winner of 1-2 compiled, when compile is `auto` and the rest of the run, at the eager pace, lasts
      at least COMPILE_MIN_RUN_S (compiling costs tens of seconds on a CPU: a shorter run cannot repay it).
 
@@ -57,6 +61,8 @@ ROUNDS = 3
 # what compiling costs, said before it starts: configs/small.yaml's model took 38 s on a 2-core CPU (58 s under load
 # from other processes); torch's compile cache makes a repeat of the same model on one machine a few seconds
 FIRST_COMPILE = "~20-60 s"
+UNITS = ("ms/step", "ms/call")
+FLOAT32_ATTENTION = "float32 attention"  # the fused kernel on float32 copies of q, k, v (model.attention)
 
 
 @dataclass
@@ -65,20 +71,21 @@ class Comparison:
     another beat it by MIN_GAIN. A choice saved before comparisons were recorded holds one with its flat
     table of numbers and no baseline (they were not all timed together, so no ratio is drawn from them)."""
 
-    ms_per_step: dict[str, float]
+    ms_per_step: dict[str, float]  # ms per training step, or per call of what is timed (`unit`)
     baseline: str | None = None
     kept: str | None = None
+    unit: str = "ms/step"  # or "ms/call": one forward and backward of the fused attention kernel
 
     def describe(self) -> str:
         """'bfloat16 602.3 vs float32 854.7 ms/step: 1.42x, kept' for each candidate against the baseline."""
         if self.baseline is None or len(self.ms_per_step) == 1:
-            return "; ".join(f"{name} {ms:.1f} ms/step" for name, ms in self.ms_per_step.items())
+            return "; ".join(f"{name} {ms:.1f} {self.unit}" for name, ms in self.ms_per_step.items())
         base = self.ms_per_step[self.baseline]
         parts = []
         for name, ms in self.ms_per_step.items():
             if name != self.baseline:
                 verdict = "kept" if name == self.kept else f"not kept (under {MIN_GAIN:.2f}x)"
-                parts.append(f"{name} {ms:.1f} vs {self.baseline} {base:.1f} ms/step: {base / ms:.2f}x, {verdict}")
+                parts.append(f"{name} {ms:.1f} vs {self.baseline} {base:.1f} {self.unit}: {base / ms:.2f}x, {verdict}")
         return "; ".join(parts)
 
     @classmethod
@@ -86,10 +93,12 @@ class Comparison:
         ms = d.get("ms_per_step") if isinstance(d, dict) else None
         if not (isinstance(ms, dict) and ms and all(isinstance(k, str) and _real(v) and v > 0 for k, v in ms.items())):
             raise ValueError(f"ms_per_step is not a table of positive timings: {str(ms)[:120]}")
-        baseline, kept = d.get("baseline"), d.get("kept")
+        baseline, kept, unit = d.get("baseline"), d.get("kept"), d.get("unit", "ms/step")
         if not ((baseline is None and kept is None) or (baseline in ms and kept in ms)):
             raise ValueError(f"baseline {str(baseline)[:40]!r} / kept {str(kept)[:40]!r} are not among the timings")
-        return cls(ms_per_step={k: float(v) for k, v in ms.items()}, baseline=baseline, kept=kept)
+        if unit not in UNITS:
+            raise ValueError(f"unit {str(unit)[:40]!r} is not one of {', '.join(UNITS)}")
+        return cls(ms_per_step={k: float(v) for k, v in ms.items()}, baseline=baseline, kept=kept, unit=unit)
 
 
 @dataclass
@@ -101,10 +110,20 @@ class Choice:
     comparisons: list[Comparison] = field(default_factory=list)
     compile_seconds: float | None = None
     note: str = ""  # why a candidate was skipped or failed
+    # the fused attention kernel in the chosen lower-precision dtype against the same on float32 copies (None:
+    # not measured -- float32 chosen, the from-scratch path, or dtype set explicitly)
+    attention: Comparison | None = None
+
+    @property
+    def attention_float32(self) -> bool:
+        """Whether the fused attention kernel runs on float32 copies of q, k, v (it measured faster)."""
+        return self.attention is not None and self.attention.kept == FLOAT32_ATTENTION
 
     def summary(self) -> str:
         """One line for the run's log: the choice, then each comparison with the numbers it was decided on."""
         parts = [c.describe() for c in self.comparisons]
+        if self.attention is not None:
+            parts.insert(min(1, len(parts)), self.attention.describe())  # after the dtype it was measured in
         if self.compile_seconds is not None:
             parts.append(f"compile took {self.compile_seconds:.0f} s")
         measured = "; ".join(parts) if parts else "nothing measured"
@@ -130,8 +149,13 @@ class Choice:
         else:  # the earlier layout
             ms = d.get("ms_per_step") or {}
             comparisons = [Comparison.from_json({"ms_per_step": ms})] if ms else []
+        attention = d.get("attention")
+        if attention is not None:
+            attention = Comparison.from_json(attention)
+            if FLOAT32_ATTENTION not in attention.ms_per_step or attention.unit != "ms/call":
+                raise ValueError(f"attention is not a fused-attention comparison: {str(d['attention'])[:120]}")
         return cls(dtype=d["dtype"], compile=d["compile"], comparisons=comparisons, compile_seconds=seconds,
-                   note=str(d.get("note", "")))
+                   note=str(d.get("note", "")), attention=attention)
 
 
 def _real(value) -> bool:
@@ -180,6 +204,44 @@ def bf16_matmul_ratio(device: torch.device, size: int = 512, reps: int = 4, roun
             synchronize(device)
             seconds[dtype] = min(seconds[dtype], time.perf_counter() - t0)
     return seconds[torch.float32] / seconds[torch.bfloat16]
+
+
+def fused_attention_timings(config: Any, batch_size: int, seq_len: int, dtype: str,
+                            device: torch.device) -> dict[str, float]:
+    """ms per call of one layer's fused attention, forward and backward, at the run's shape (batch_size x
+    seq_len, the model's heads, kv heads and head_dim) under `dtype` autocast: on q, k, v in `dtype` as the
+    kernel gets them ("{dtype} attention"), and on float32 copies (FLOAT32_ATTENTION); timed in turn as the
+    training steps are (_time_rounds). Why: CPU flash attention's bfloat16 backward ran slower than its
+    float32 one at head_dim 32 (GQA 4/2, block 256: 65 against 44 ms a step of small.yaml), which no
+    whole-step comparison of dtypes can separate from the matmuls, where bfloat16 wins."""
+    from model.attention import fused_attention
+    gen = torch.Generator(device=device).manual_seed(0)
+    amp = DTYPES[dtype]
+
+    def tensor(heads: int, grad: bool = True) -> torch.Tensor:
+        t = torch.randn(batch_size, heads, seq_len, config.head_dim, device=device, generator=gen).to(amp)
+        return t.requires_grad_(grad)
+
+    q, k, v = tensor(config.n_head), tensor(config.n_kv_head), tensor(config.n_kv_head)
+    grad_out = tensor(config.n_head, grad=False)
+
+    def call(float32: bool) -> Callable[[], None]:
+        def run() -> None:
+            with torch.autocast(device.type, dtype=amp):
+                out = fused_attention(q, k, v, None, config.dropout, float32=float32)
+            torch.autograd.grad(out, (q, k, v), grad_out)
+        return run
+
+    runs = {f"{dtype} attention": call(False), FLOAT32_ATTENTION: call(True)}
+    for run in runs.values():
+        run()  # warm-up: kernel selection, allocator
+    return _time_rounds(runs, device)
+
+
+def _fused_model(model: nn.Module) -> bool:
+    """A model whose forward pass runs the fused attention kernel (attn_impl sdpa) and can upcast it."""
+    config = getattr(model, "config", None)
+    return getattr(config, "attn_impl", None) == "sdpa" and hasattr(model, "set_fused_attention_float32")
 
 
 class _Snapshot:
@@ -237,7 +299,7 @@ def choose(model: nn.Module, optimizers: Optimizers, batch: tuple[torch.Tensor, 
     dtype_setting / compile_setting: the run's `dtype` and `train.compile`; only those on "auto" are chosen,
     the others are taken as written. `say` gets the lines the user waits on: what is timed and for about how
     long, before timing, and why the model is compiled, before compiling. The model and optimizers end
-    exactly as they started."""
+    exactly as they started, but for the attention kernel's precision where it was chosen (module doc)."""
     device = rt.device
     dtypes = [dtype_setting] if dtype_setting != "auto" else ["float32"]
     notes = []
@@ -277,6 +339,12 @@ def choose(model: nn.Module, optimizers: Optimizers, batch: tuple[torch.Tensor, 
         baseline = "float32" if dtype_setting == "auto" else dtypes[0]
         best = _fastest(ms, baseline)
         comparisons.append(Comparison(_rounded(ms), baseline, best))
+        attention = None
+        if dtype_setting == "auto" and best != "float32" and _fused_model(model):
+            timed = fused_attention_timings(model.config, x.size(0), x.size(1), best, device)
+            attention = Comparison(_rounded(timed), f"{best} attention", _fastest(timed, f"{best} attention"),
+                                   unit="ms/call")
+            model.set_fused_attention_float32(attention.kept == FLOAT32_ATTENTION)  # before any compile
         compiled, compile_seconds, use_compile = None, None, compile_setting is True
         if compile_setting == "auto":
             eager_left_s = steps_left * ms[best] / 1e3
@@ -308,7 +376,7 @@ def choose(model: nn.Module, optimizers: Optimizers, batch: tuple[torch.Tensor, 
         snapshot.restore()
     choice = Choice(dtype=best, compile=use_compile, comparisons=comparisons,
                     compile_seconds=None if compile_seconds is None else round(compile_seconds, 1),
-                    note="; ".join(notes))
+                    note="; ".join(notes), attention=attention)
     return choice, (compiled if use_compile else None)
 
 
@@ -382,6 +450,8 @@ def decide_precision(cfg: RunConfig, rt: Runtime, model: nn.Module, optimizers: 
             choice = Choice.from_json(shared[0])
     if cfg.dtype == "auto":
         rt.autocast_dtype = None if choice.dtype == "float32" else DTYPES[choice.dtype]
+        if hasattr(model, "set_fused_attention_float32"):  # every process, and a resume, as measured
+            model.set_fused_attention_float32(choice.attention_float32 and rt.autocast_dtype is not None)
     if cfg.train.compile == "auto":
         rt.compile = choice.compile
     return choice, compiled
