@@ -130,11 +130,12 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x[:, :, None, :, :].expand(b, n_kv, n_rep, t, d).reshape(b, n_kv * n_rep, t, d)
 
 
-def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool,
                     dropout_p: float = 0.0, float32: bool = False) -> torch.Tensor:
     """F.scaled_dot_product_attention over q (B, n_head, T, head_dim) and the shared k, v (B, n_kv_head, T_k,
-    head_dim): causal when mask is None, else under the bool mask (T, T_k). Returns (B, n_head, T, head_dim) in
-    q's dtype.
+    head_dim): under the bool mask (T, T_k) if given, causal (the kernel's own, top-left aligned) if `causal`,
+    else over every key (a decoded token's query against its written prefix). Returns (B, n_head, T,
+    head_dim) in q's dtype.
 
     float32: run the kernel on float32 copies with autocast off, where q comes in a lower precision. CPU flash
     attention's bfloat16 backward is slower than its float32 one at small head sizes (head_dim 32, GQA 4/2:
@@ -147,11 +148,11 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
             q, k, v = q.float(), k.float(), v.float()
         if n_rep > 1 and SDPA_HAS_GQA:
             # the kernel reads each shared kv head for its group of query heads: no expanded copy of k, v
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                                  dropout_p=dropout_p, enable_gqa=True)  # (B, n_head, T, head_dim)
         else:
             out = F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), attn_mask=mask,
-                                                 is_causal=mask is None, dropout_p=dropout_p)
+                                                 is_causal=causal, dropout_p=dropout_p)
     return out.to(dtype)
 
 
@@ -231,7 +232,8 @@ class CausalSelfAttention(nn.Module):
             # applying one costs ~5% of an eager CPU decode step (benchmarks/RESULTS.md). Compiled code keeps
             # the row, which on CUDA is a whole-buffer row with unwritten slots to hide.
             sdpa_mask = None if T == 1 and mask is not None and not torch.compiler.is_compiling() else mask
-            out = fused_attention(q, k, v, sdpa_mask, dropout_p, float32=self.fused_float32)
+            out = fused_attention(q, k, v, sdpa_mask, causal=mask is None, dropout_p=dropout_p,
+                                  float32=self.fused_float32)
 
         if self.head_patch is not None:
             out = self.head_patch.apply(out)  # (B, n_head, T, head_dim)

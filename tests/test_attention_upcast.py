@@ -34,7 +34,7 @@ def test_float32_copies_give_the_float32_kernel_rounded_once(n_kv_head, masked):
     if masked:
         q = q[:, :, 4:]
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = fused_attention(q, k, v, mask, float32=True)
+        out = fused_attention(q, k, v, mask, causal=not masked, float32=True)
     n_rep = 4 // n_kv_head
     expected = F.scaled_dot_product_attention(q.float(), k.float().repeat_interleave(n_rep, 1),
                                               v.float().repeat_interleave(n_rep, 1), attn_mask=mask,
@@ -51,11 +51,28 @@ def test_float32_copies_give_the_float32_kernel_rounded_once(n_kv_head, masked):
 def test_without_the_upcast_the_kernel_takes_bfloat16_as_autocast_gives_it():
     q, k, v = qkv(4, 2)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        plain = fused_attention(q, k, v, None, float32=False)
-        on_float32 = fused_attention(q.float(), k.float(), v.float(), None, float32=True)  # nothing to upcast
+        plain = fused_attention(q, k, v, None, causal=True, float32=False)
+        on_float32 = fused_attention(q.float(), k.float(), v.float(), None, causal=True, float32=True)  # nothing to upcast
     expected = F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True)
     torch.testing.assert_close(plain, expected, atol=0, rtol=0)
     assert on_float32.dtype == torch.float32
+
+
+@pytest.mark.parametrize("float32", [False, True])
+def test_a_decoded_query_without_mask_or_causal_sees_every_key(float32):
+    """Eager decoding passes one query, no mask and causal=False (its row of the mask is all True): every
+    written key counts, not only the first one, as the kernel's top-left causal mask would have it."""
+    q, k, v = qkv(4, 2, T=10)
+    q = q[:, :, -1:]  # (2, 4, 1, 8): the newest position's query
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = fused_attention(q, k, v, None, causal=False, float32=float32)
+    grouped = q.double().view(2, 2, 2, 1, 8)
+    reference, _ = scaled_dot_product_attention(grouped, k.double().unsqueeze(2), v.double().unsqueeze(2),
+                                                mask=torch.ones(1, 10, dtype=torch.bool), causal=False)
+    torch.testing.assert_close(out.double(), reference.view_as(out.double()), atol=2e-2, rtol=2e-2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        first_key_only = fused_attention(q, k, v, None, causal=True, float32=float32)
+    assert not torch.allclose(out, first_key_only, atol=1e-2)  # the two readings differ: the test can fail
 
 
 def sdpa_model(seed: int = 0) -> GPT:

@@ -228,7 +228,7 @@ def fused_attention_timings(config: Any, batch_size: int, seq_len: int, dtype: s
     def call(float32: bool) -> Callable[[], None]:
         def run() -> None:
             with torch.autocast(device.type, dtype=amp):
-                out = fused_attention(q, k, v, None, config.dropout, float32=float32)
+                out = fused_attention(q, k, v, None, causal=True, dropout_p=config.dropout, float32=float32)
             torch.autograd.grad(out, (q, k, v), grad_out)
         return run
 
