@@ -1,6 +1,7 @@
 """Tokenizers across the Hugging Face boundary.
 
-Reading (`tokenizer_for_hf_folder`): a GPT-2 checkpoint whose vocabulary and merges are GPT-2's (checked entry
+Reading (`tokenizer_for_hf_folder`): a folder attngpt exported with its own tokenizer file (a char vocabulary
+or a non-GPT-2 tiktoken encoding, below) reads that file back. A GPT-2 checkpoint whose vocabulary and merges are GPT-2's (checked entry
 by entry against tiktoken's, whichever of tokenizer.json / vocab.json + merges.txt it ships) uses attngpt's
 tiktoken "gpt2" encoding: the same ids and the fast encoder. Any other checkpoint uses its own tokenizer.json
 through the `tokenizers` library (HFTokenizer), with its end-of-sequence and beginning-of-sequence ids taken
@@ -21,15 +22,20 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import UserError
-from common.json_file import read_bounded
-from data.tokenizer import CharTokenizer, HFTokenizer, TiktokenTokenizer, byte_level_alphabet
-from data.tokenizer_files import (TOKENIZER_FILE_BYTES, merges_of, read_generation_config, read_merges_txt,
+from common.json_file import read_bounded, read_json
+from common.schema import Fields, Int, Str, check
+from data.tokenizer import CharTokenizer, HFTokenizer, TiktokenTokenizer, byte_level_alphabet, tokenizer_from_json
+from data.tokenizer_files import (SMALL_FILE_BYTES, TOKENIZER_FILE_BYTES, merges_of, read_generation_config, read_merges_txt,
                                   read_tokenizer_config, read_tokenizer_json, read_vocab_json)
 
 GPT2_ENCODINGS = ("gpt2", "r50k_base")  # the same ranks and pre-tokenizer
 EOT_TEXT = "<|endoftext|>"
 CHAR_VOCAB_FILE = "attngpt_char_vocab.json"
 TIKTOKEN_FILE = "attngpt_tokenizer.json"
+EXPORT_AGAIN = "export the model again with convert.py to-hf"
+CHAR_VOCAB_JSON = Fields({"kind": Str(("char",)), "chars": Str()}, required=("kind", "chars"))
+TIKTOKEN_JSON = Fields({"kind": Str(("tiktoken",)), "encoding": Str(), "vocab_size": Int(1)},
+                       required=("kind", "encoding"))
 
 
 @functools.lru_cache(maxsize=1)
@@ -119,6 +125,9 @@ def special_ids(folder: Path, hf_config: dict[str, Any], tok: HFTokenizer) -> tu
 def tokenizer_for_hf_folder(folder: Path, hf_config: dict[str, Any], kind: str, name: str):
     """The attngpt tokenizer of the Hugging Face checkpoint in `folder` (module doc). kind: 'gpt2' | 'llama' |
     'mistral' (the architecture); name: how to call it (the hub id or folder)."""
+    own = attngpt_tokenizer(folder, hf_config)
+    if own is not None:
+        return own
     not_gpt2 = ""
     if kind == "gpt2":
         bpe = _folder_bpe(folder)
@@ -138,6 +147,25 @@ def tokenizer_for_hf_folder(folder: Path, hf_config: dict[str, Any], kind: str, 
     tok = HFTokenizer(read_bounded(path, TOKENIZER_FILE_BYTES, "tokenizer.json"), name=name, path=path)  # checks it
     eos, bos = special_ids(folder, hf_config, tok)
     return HFTokenizer(tok.data, eot=eos, bos=bos, name=name, path=path)
+
+
+def attngpt_tokenizer(folder: Path, hf_config: dict[str, Any]) -> CharTokenizer | TiktokenTokenizer | None:
+    """The tokenizer an attngpt export wrote where Hugging Face has no equivalent (CHAR_VOCAB_FILE,
+    TIKTOKEN_FILE: hf_tokenizer_files), or None when the folder holds neither. Bounded, checked for its
+    structure, and refused when it names more tokens than the model's embedding has rows."""
+    for name, schema in ((CHAR_VOCAB_FILE, CHAR_VOCAB_JSON), (TIKTOKEN_FILE, TIKTOKEN_JSON)):
+        path = folder / name
+        if not path.is_file():
+            continue
+        payload = read_json(path, SMALL_FILE_BYTES, name)
+        check(payload, schema, f"{name} '{path}'", EXPORT_AGAIN)
+        tok = tokenizer_from_json(payload, remedy=f"'{path}' is damaged: {EXPORT_AGAIN}")
+        rows = hf_config.get("vocab_size")
+        if isinstance(rows, int) and tok.vocab_size > rows:
+            raise UserError(f"{name} '{path}' has {tok.vocab_size} tokens but the model's vocab_size is {rows}: "
+                            f"the two files are not from one export; {EXPORT_AGAIN}")
+        return tok
+    return None
 
 
 # --- writing --------------------------------------------------------------------------------------------------

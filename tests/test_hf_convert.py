@@ -114,6 +114,40 @@ def test_exported_model_loads_in_transformers_with_equal_logits(tmp_path, name):
     assert vocab["chars"] == "".join(chr(c) for c in range(32, 102)) and "chars[i]" in vocab["about"]
 
 
+@pytest.mark.parametrize("name", list(EXPORTABLE))
+def test_a_char_model_exported_to_hf_comes_back_with_its_vocabulary_and_logits(tmp_path, name):
+    """attngpt -> HF -> attngpt for a character vocabulary, which Hugging Face has no tokenizer for: the export's
+    attngpt_char_vocab.json is read back (GPT-2 and Llama layouts alike), so the ids mean the same characters and
+    the weights give the same logits."""
+    ckpt, model = attngpt_checkpoint(tmp_path / "ckpt", EXPORTABLE[name], seed=len(name) + 7)
+    exported, _ = to_hf(str(ckpt), tmp_path / "hf")
+    back, _ = from_hf(str(exported), tmp_path / "back")
+    source = open_pretrained(str(back))
+    assert isinstance(source.tokenizer, CharTokenizer)
+    assert source.tokenizer.chars == "".join(chr(c) for c in range(32, 102))
+    text = "ROMEO: a bad dace? [ACE]"
+    assert source.tokenizer.decode(source.tokenizer.encode(text)) == text
+    idx = torch.tensor([source.tokenizer.encode(text)])
+    with torch.no_grad():
+        diff = (source.build()(idx)[0] - model(idx)[0]).abs().max().item()
+    assert diff <= TOLERANCE, diff
+
+
+@pytest.mark.parametrize("damage, fragment", [
+    ({"chars": "aab"}, "distinct"), ({"chars": 7}, "chars is 7"), ({"kind": "bpe"}, "kind is 'bpe'"),
+    ({"chars": "".join(chr(c) for c in range(32, 200))}, "168 tokens but the model's vocab_size is 70"),
+])
+def test_a_damaged_char_vocabulary_in_an_hf_folder_is_one_line(tmp_path, damage, fragment):
+    ckpt, _ = attngpt_checkpoint(tmp_path / "ckpt", EXPORTABLE["llama-gqa"], seed=3)
+    exported, _ = to_hf(str(ckpt), tmp_path / "hf")
+    path = exported / "attngpt_char_vocab.json"
+    path.write_text(json.dumps({**json.loads(path.read_text(encoding="utf-8")), **damage}), encoding="utf-8")
+    with pytest.raises(UserError, match="attngpt_char_vocab.json") as err:
+        from_hf(str(exported), tmp_path / "back")
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+    assert not (tmp_path / "back").exists()  # nothing written
+
+
 @pytest.mark.parametrize("name", ["gpt2", "llama", "llama_tied", "llama_bias"])
 def test_round_trip_hf_attngpt_hf_is_bit_equal(folders, tmp_path, name):
     ours, _ = from_hf(str(folders[name]), tmp_path / "attngpt")
