@@ -76,7 +76,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="where --dump-attn writes (default: ./attn_dump; for a Hugging Face model ./attn_dump/<name>; "
                         "never inside a run or model folder)")
     argv = sys.argv[1:] if argv is None else list(argv)
-    return p.parse_args(attach_dash_prompt(argv, p))
+    args = p.parse_args(attach_dash_prompt(argv, p))
+    if args.prompt == []:  # argparse before Python 3.12 drops a value of exactly "--" (its end-of-options marker)
+        args.prompt = "--"
+    return args
 
 
 def attach_dash_prompt(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:

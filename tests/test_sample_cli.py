@@ -193,11 +193,14 @@ def test_empty_prompt_starts_from_a_newline(ckpts):
     assert result.stdout.startswith("\n") and len(result.stdout) == 1 + 6 + 1
 
 
-@pytest.mark.parametrize("prompt", ["-x", "- a list item", "--- ACT II", "-", "-1.5"])
+@pytest.mark.parametrize("prompt", ["-x", "- a list item", "--- ACT II", "-", "-1.5", "--"])
 def test_a_prompt_may_start_with_a_dash(prompt):
     import sample as sample_cli
-    assert sample_cli.parse_args(["--prompt", prompt]).prompt == prompt
-    assert sample_cli.parse_args(["--prompt", prompt, "--seed", "3"]).seed == 3
+    if prompt != "--":  # alone after --prompt, "--" is the end-of-options marker: the value is missing
+        assert sample_cli.parse_args(["--prompt", prompt]).prompt == prompt
+        assert sample_cli.parse_args(["--prompt", prompt, "--seed", "3"]).seed == 3
+    # joined, any text is the prompt (argparse before Python 3.12 turned "--prompt=--" into an empty list)
+    assert sample_cli.parse_args([f"--prompt={prompt}", "--seed", "3"]).prompt == prompt
 
 
 @pytest.mark.parametrize("args", [["--prompt", "--seed", "3"], ["--prompt", "--se"], ["--prompt"]])
