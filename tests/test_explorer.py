@@ -1,6 +1,6 @@
 """What the explorer is built from, checked without a browser: GPT.attention_internals against the layer
 it describes, value-weighted attention against a float64 loop, the 8-bit packing, the byte budget, and
-the page's data decoded in Python (tests/test_explorer_browser.py drives the page itself)."""
+the page's data decoded in Python (tests/test_explorer_browser.py and test_explorer_text_view.py drive the page itself)."""
 from __future__ import annotations
 
 import base64
