@@ -18,7 +18,7 @@ import torch.nn as nn
 from common.errors import UserError
 from data.loader import BatchLoader
 from data.prepare import PreparedData, prepare_data
-from data.tokenizer import stored_tokenizer
+from data.tokenizer_json import stored_tokenizer
 from model.config import ModelConfig
 from model.gpt import GPT
 from model.memory import BYTES_FP32, TRAINING_BYTES_PER_PARAM, check_fits_in_memory
