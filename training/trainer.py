@@ -37,7 +37,7 @@ from training.stop import StopRequested
 from training.autotune import decide_precision, needs_measurement
 from training.runtime import (Runtime, measure_peak_flops, rng_state, seed_everything, setup_runtime, synchronize,
                               teardown_runtime)
-from training.writes import could_not_write
+from training.writes import could_not_write, make_out_dir
 
 
 @dataclass
@@ -78,7 +78,7 @@ def train(cfg: RunConfig, should_stop: Callable[[int], bool] | None = None) -> T
     finished = False
     try:
         if rt.is_main:  # the one writer of out_dir (training/run_lock.py); the other ranks only read
-            _make_out_dir(Path(cfg.out_dir))
+            make_out_dir(Path(cfg.out_dir))
             lock = lock_run_dir(cfg.out_dir)
         run = setup(cfg, rt, lock)
         result = train_loop(run, should_stop)
@@ -381,17 +381,6 @@ def evaluate_and_save(run: Run, step: int) -> None:
     if improved:
         run.save_best(step, losses["val"])
     run.save(step)
-
-
-def _make_out_dir(out_dir: Path) -> None:
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        probe = out_dir / ".write_test"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as e:
-        raise UserError(f"cannot write to out_dir '{out_dir}' ({e.strerror or e}): choose a writable folder "
-                        f"with out_dir=PATH") from None
 
 
 def _attention_monitor(cfg: RunConfig, model: GPT, prepared: PreparedData, logger: RunLogger, rt: Runtime,

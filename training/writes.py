@@ -27,3 +27,16 @@ def could_not_write(path: str | Path, out_dir: str | Path) -> Iterator[None]:
         yield
     except OSError as e:
         raise write_error(path, out_dir, e) from None
+
+
+def make_out_dir(out_dir: Path) -> None:
+    """Create out_dir (and its parents) and prove it writable with a probe file, before anything is written
+    there: one line naming it otherwise."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / ".write_test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"cannot write to out_dir '{out_dir}' ({e.strerror or e}): choose a writable folder "
+                        f"with out_dir=PATH") from None
