@@ -146,13 +146,26 @@ def test_auto_keeps_the_float32_kernel_only_when_it_beats_bfloat16_by_more_than_
 
 @pytest.mark.parametrize("durations, dtype", [({"float32": [0.5], "bfloat16": [1.0], "compiled": [0.4]}, "auto"),
                                               ({"bfloat16": [0.5], "compiled": [0.4]}, "bfloat16")])
-def test_not_measured_when_float32_wins_or_the_dtype_is_set(monkeypatch, durations, dtype):
+def test_not_kept_when_float32_wins_and_not_measured_when_the_dtype_is_set(monkeypatch, durations, dtype):
     monkeypatch.setattr(autotune, "MEASURE_S", 0.0)
     scripted = ScriptedAttention(monkeypatch, {"float32": [1.0], **durations}, {"bfloat16 attention": 9.0,
                                                                                "float32 attention": 1.0})
     choice, _ = scripted.choose(dtype=dtype)
-    assert choice.attention is None and not choice.attention_float32 and not scripted.attention_calls
+    assert choice.attention is None and not choice.attention_float32
+    assert scripted.attention_calls == ([(3, 16, "bfloat16")] if dtype == "auto" else [])
     assert not any(block.attn.fused_float32 for block in scripted.model.blocks)
+
+
+def test_the_bfloat16_steps_are_timed_with_the_kernel_chosen(monkeypatch):
+    """The kernel is timed after the warm-ups and before the dtype's timed rounds: bfloat16's steps are
+    compared with float32's as they will run."""
+    monkeypatch.setattr(autotune, "MEASURE_S", 0.0)
+    scripted = ScriptedAttention(monkeypatch, {"float32": [1.0], "bfloat16": [0.5], "compiled": [0.4]},
+                                 {"bfloat16 attention": 30.0, "float32 attention": 20.0})
+    scripted.choose()
+    timed = scripted.events.index("attention timed")
+    assert scripted.events[:timed].count("bfloat16") == 1  # its warm-up only
+    assert scripted.events[timed + 1:].count("bfloat16") >= autotune.ROUNDS * autotune.MIN_STEPS
 
 
 def test_the_real_timing_names_both_kernels_with_positive_times():

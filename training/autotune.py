@@ -9,10 +9,11 @@ candidates compared timed in turn, ROUNDS rounds, each keeping its fastest round
   1. float32 eager (always: the baseline, and what an explicit `dtype: float32` would run);
   2. bfloat16 autocast eager, when the device supports bf16 and a short matmul probe does not already show
      bf16 matmuls slower than float32 ones (then its training steps cannot be faster: they are matmuls);
-  then, when bfloat16 won under `dtype: auto` and the model runs the fused attention kernel (attn_impl
-     sdpa): that kernel alone, forward and backward at the run's shape, on q, k, v in bfloat16 against
-     float32 copies of them (fused_attention_timings); the float32 kernel is kept when MIN_GAIN faster
-     (GPT.set_fused_attention_float32), before anything is compiled;
+     Before 1 and 2 are timed, when bfloat16 is a candidate under `dtype: auto` and the model runs the fused
+     attention kernel (attn_impl sdpa): that kernel alone, forward and backward at the run's shape, on q, k,
+     v in bfloat16 against float32 copies of them (fused_attention_timings); the float32 kernel is kept when
+     MIN_GAIN faster (GPT.set_fused_attention_float32), so the bfloat16 steps are timed with it, and dropped
+     again when float32 wins;
   3. the winner of 1-2 compiled, when compile is `auto` and the rest of the run, at the eager pace, lasts
      at least COMPILE_MIN_RUN_S (compiling costs tens of seconds on a CPU: a shorter run cannot repay it).
 
@@ -213,16 +214,22 @@ def choose(model: nn.Module, optimizers: Optimizers, batch: tuple[torch.Tensor, 
             if i == 0:  # the pace the announcement estimates from (the other warm-ups follow it)
                 first_step_s = time.perf_counter() - t0
                 say(announcement(dtypes, dtype_setting, compile_setting, first_step_s))
+        attention = None
+        lower = [d for d in dtypes if d != "float32"]
+        if dtype_setting == "auto" and lower and _fused_model(model):
+            # the kernel's precision first, so that the bfloat16 steps are timed with the faster kernel: timed
+            # with the slower one, a CPU's bfloat16 steps once read 1.03x float32 and the run trained in float32
+            timed = fused_attention_timings(model.config, x.size(0), x.size(1), lower[0], device)
+            name = f"{lower[0]} attention"
+            attention = Comparison(_rounded(timed), name, _fastest(timed, name), unit="ms/call")
+            model.set_fused_attention_float32(attention.kept == FLOAT32_ATTENTION)  # before any compile
         ms = _time_rounds(eager, device)
         baseline = "float32" if dtype_setting == "auto" else dtypes[0]
         best = _fastest(ms, baseline)
         comparisons.append(Comparison(_rounded(ms), baseline, best))
-        attention = None
-        if dtype_setting == "auto" and best != "float32" and _fused_model(model):
-            timed = fused_attention_timings(model.config, x.size(0), x.size(1), best, device)
-            attention = Comparison(_rounded(timed), f"{best} attention", _fastest(timed, f"{best} attention"),
-                                   unit="ms/call")
-            model.set_fused_attention_float32(attention.kept == FLOAT32_ATTENTION)  # before any compile
+        if best == "float32" and attention is not None:  # no autocast: the kernel's precision does not arise
+            attention = None
+            model.set_fused_attention_float32(False)
         compiled, compile_seconds, use_compile = None, None, compile_setting is True
         if compile_setting == "auto":
             eager_left_s = steps_left * ms[best] / 1e3
