@@ -113,12 +113,15 @@ def test_the_run_steps_at_the_scheduled_lr(tmp_path):
 
 # --- one optimizer step by hand ------------------------------------------------------------------------------
 
-def test_the_first_step_equals_a_hand_written_adamw_step(tmp_path):
-    """seed, batch_size, grad_accum, grad_clip, lr, beta1, beta2 and weight_decay all shape the first step:
-    the weights after it equal AdamW written out by hand from the same seed's init and batches."""
+@pytest.mark.parametrize("embedding_lr", [None, 3e-2])
+def test_the_first_step_equals_a_hand_written_adamw_step(tmp_path, embedding_lr):
+    """seed, batch_size, grad_accum, grad_clip, lr, embedding_lr, beta1, beta2 and weight_decay all shape the
+    first step: the weights after it equal AdamW written out by hand from the same seed's init and batches,
+    the embedding tables at embedding_lr (lr when unset)."""
     cfg = tiny_config(tmp_path / "run", "seed=7", "train.batch_size=3", "train.grad_accum=2", "train.grad_clip=0.05",
                       "train.lr=1e-2", "train.beta1=0.8", "train.beta2=0.9", "train.weight_decay=0.3",
-                      "train.warmup_iters=0", "train.max_iters=1", "eval.interval=100", *QUIET)
+                      "train.warmup_iters=0", "train.max_iters=1", "eval.interval=100", "model.pos=learned", *QUIET,
+                      *([f"train.embedding_lr={embedding_lr}"] if embedding_lr else []))
     result = train(cfg)
     from data.prepare import prepare_data
     prepared = prepare_data(cfg.data)
@@ -133,8 +136,11 @@ def test_the_first_step_equals_a_hand_written_adamw_step(tmp_path):
     norm = math.sqrt(sum(float((g ** 2).sum()) for g in grads.values()))
     assert norm > 0.05  # clipping active
     scale = 0.05 / (norm + 1e-6)
-    lr, b1, b2, eps = 1e-2, 0.8, 0.9, 1e-8
+    b1, b2, eps = 0.8, 0.9, 1e-8
+    tables = {name for name in grads if name.startswith(("tok_emb.", "pos_emb."))}
+    assert tables == {"tok_emb.weight", "pos_emb.weight"}  # learned positions, a tied LM head
     for name, p in model.named_parameters():
+        lr = (embedding_lr or 1e-2) if name in tables else 1e-2
         g = grads[name] * scale
         m_hat, v_hat = (1 - b1) * g / (1 - b1), (1 - b2) * g * g / (1 - b2)
         decay = 0.3 if p.dim() >= 2 else 0.0
@@ -145,7 +151,7 @@ def test_the_first_step_equals_a_hand_written_adamw_step(tmp_path):
 
 def test_muon_takes_the_hidden_matrices_at_its_own_lr_and_momentum():
     cfg = tiny_config(Path("unused"), "train.optimizer=muon", "train.muon_lr=0.05", "train.muon_momentum=0.8",
-                      "train.lr=2e-3", "train.weight_decay=0.2")
+                      "train.lr=2e-3", "train.weight_decay=0.2", "model.tie_embeddings=false")
     model = GPT(cfg.model)
     muon, adamw = build_optimizers(model, cfg.train).optimizers
     assert type(muon).__name__ == "Muon" and type(adamw).__name__ == "AdamW"
@@ -154,7 +160,12 @@ def test_muon_takes_the_hidden_matrices_at_its_own_lr_and_momentum():
     assert len(muon.param_groups) == 3  # fused q|k|v, fused gate|up (SwiGLU), whole matrices
     for group in muon.param_groups:
         assert (group["lr"], group["peak_lr"], group["momentum"], group["weight_decay"]) == (0.05, 0.05, 0.8, 0.2)
-    assert [(g["lr"], g["weight_decay"]) for g in adamw.param_groups] == [(2e-3, 0.2), (2e-3, 0.0)]
+    # the embedding table, the LM head, the norms: the table at lr too while embedding_lr is unset
+    assert [(g["lr"], g["weight_decay"]) for g in adamw.param_groups] == [(2e-3, 0.2), (2e-3, 0.2), (2e-3, 0.0)]
+    assert adamw.param_groups[0]["params"] == [model.tok_emb.weight]
+    assert adamw.param_groups[1]["params"] == [model.lm_head.weight]
+    cfg.train.embedding_lr = 0.03
+    assert [g["lr"] for g in build_optimizers(model, cfg.train).optimizers[1].param_groups] == [0.03, 2e-3, 2e-3]
 
 
 # --- evals and best/ -------------------------------------------------------------------------------------------

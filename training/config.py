@@ -42,6 +42,10 @@ class TrainConfig:
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0  # clip the global gradient norm to this; 0 turns clipping off
+    # AdamW's peak learning rate for the embedding tables (tokens, and learned positions; a tied LM head is the token
+    # table); None -> lr. A table row moves only when its token occurs, so it can take a far larger step than the
+    # dense matrices do
+    embedding_lr: float | None = None
     muon_lr: float = 0.02  # Muon's learning rate (it normalises updates, so it lives on another scale)
     muon_momentum: float = 0.95
     # torch.compile the model: true, false, or auto (timed against eager at start, tried only when the run is long
@@ -67,6 +71,8 @@ class TrainConfig:
         for name in ("lr", "muon_lr"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}={getattr(self, name)}: must be > 0")
+        if self.embedding_lr is not None and not self.embedding_lr > 0:
+            raise ValueError(f"embedding_lr={self.embedding_lr}: must be > 0 (or null for train.lr)")
         if self.min_lr is not None and not 0 <= self.min_lr <= self.lr:
             raise ValueError(f"min_lr={self.min_lr}: must be in [0, lr={self.lr}]")
         if self.warmup_iters < 0:

@@ -78,13 +78,19 @@ def fused_row_splits(name: str, config: ModelConfig) -> tuple[int, ...] | None:
     return None
 
 
+EMBEDDING_TABLES = ("tok_emb.", "pos_emb.")  # the parameters train.embedding_lr sets (a tied LM head is tok_emb)
+
+
 def build_optimizers(model: nn.Module, cfg: TrainConfig) -> Optimizers:
+    """AdamW alone, or Muon on the blocks' 2-D weights and AdamW on the rest. AdamW's groups, in this order:
+    the embedding tables (at train.embedding_lr), the other 2-D weights (the LM head; every matrix without
+    Muon), both with weight decay, then norms and biases without it. Empty groups are left out."""
     params = {name: p for name, p in model.named_parameters() if p.requires_grad}
-    decay = [p for p in params.values() if p.dim() >= 2]
+    embeddings = [p for name, p in params.items() if name.startswith(EMBEDDING_TABLES)]
+    decay = [p for name, p in params.items() if p.dim() >= 2 and not name.startswith(EMBEDDING_TABLES)]
     no_decay = [p for p in params.values() if p.dim() < 2]
     if cfg.optimizer == "adamw":
-        return Optimizers([adamw(
-            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], cfg)])
+        return Optimizers([adamw(embeddings, decay, no_decay, cfg)])
     # Muon: 2-D weights inside the blocks (not the embedding tables or the LM head), grouped by how their rows
     # split into fused parts
     model_config: ModelConfig = model.config
@@ -96,16 +102,19 @@ def build_optimizers(model: nn.Module, cfg: TrainConfig) -> Optimizers:
     rest_decay = [p for p in decay if id(p) not in hidden_ids]
     muon = Muon([{"params": group, "splits": splits} for splits, group in by_splits.items()], lr=cfg.muon_lr,
                 momentum=cfg.muon_momentum, weight_decay=cfg.weight_decay)
-    rest = adamw([{"params": rest_decay, "weight_decay": cfg.weight_decay},
-                  {"params": no_decay, "weight_decay": 0.0}], cfg)
-    return Optimizers([muon, rest])
+    return Optimizers([muon, adamw(embeddings, rest_decay, no_decay, cfg)])
 
 
-def adamw(param_groups: list[dict[str, Any]], cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW with its fused kernel (one pass over all parameters; CUDA, and CPU since torch 2.4), else the
-    multi-tensor (foreach) path. On a CPU a small model's step is bound by per-op overhead: for a 0.75M-parameter
+def adamw(embeddings: list[nn.Parameter], decay: list[nn.Parameter], no_decay: list[nn.Parameter],
+          cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW over the embedding tables (at cfg.embedding_lr, default cfg.lr), the other weights with decay and
+    those without (build_optimizers), with its fused kernel (one pass over all parameters; CUDA, and CPU since
+    torch 2.4), else the multi-tensor (foreach) path. On a CPU a small model's step is bound by per-op overhead: for a 0.75M-parameter
     model (4 layers x 128, GQA 4/2, ModelConfig defaults otherwise) fused takes 0.9 ms, torch's default
     for-loop 3.8 ms and foreach 5.3 ms (`python benchmarks/optimizer_step.py`, benchmarks/RESULTS.md)."""
+    groups = [{"params": embeddings, "weight_decay": cfg.weight_decay, "lr": cfg.embedding_lr or cfg.lr},
+              {"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    param_groups = [group for group in groups if group["params"]]
     kwargs = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
     try:
         return torch.optim.AdamW(param_groups, fused=True, **kwargs)
