@@ -30,19 +30,30 @@ from training.runtime import Runtime
 from training.trainer import model_config_for
 
 ITERS = 3
+# rank 1 ends with os._exit once it has left the group, as train.py under torchrun does: the interpreter's
+# finalization can destroy gloo's threads unjoined ("terminate called without an active exception", SIGABRT), which
+# once failed this test after rank 1 had written its result
 RANK_1 = """
-import json, sys
+import json, os, sys, traceback
 from datetime import timedelta
 import torch, torch.distributed as dist
 from training.runtime import Runtime
 store, result, *args = sys.argv[1:]
 dist.init_process_group("gloo", init_method=f"file://{store}", rank=1, world_size=2, timeout=timedelta(seconds=120))
+code = 0
 try:
     rt = Runtime(device=torch.device("cpu"), autocast_dtype=None, rank=1, local_rank=1, world_size=2)
     out = rank_1(rt, *args)
-    open(result, "w").write(json.dumps(out))
+    with open(result, "w") as f:
+        f.write(json.dumps(out))
+except BaseException:
+    traceback.print_exc()
+    code = 1
 finally:
     dist.destroy_process_group()
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(code)
 """
 
 
