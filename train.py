@@ -10,7 +10,7 @@ import shlex
 import signal
 import sys
 
-from common.errors import ArgumentParser, UserError, user_errors_exit
+from common.errors import ArgumentParser, UserError, exit_now, user_errors_exit
 
 EXIT_INTERRUPTED = {"SIGINT": 130, "SIGTERM": 143, "requested": 0}
 
@@ -57,9 +57,7 @@ def main(argv: list[str] | None = None, exit_at_once_when_interrupted: bool = Fa
 
 def _interrupted(code: int, at_once: bool) -> int:
     if at_once:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        exit_now(code)
     return code
 
 
@@ -108,7 +106,5 @@ if __name__ == "__main__":
         # here without the interpreter's finalization, where objects still holding the group (DDP's reducer)
         # would destroy gloo's threads unjoined: under load a finished run once aborted there ("terminate
         # called without an active exception", SIGABRT) and torchrun reported the whole run failed
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        exit_now(code)
     sys.exit(code)

@@ -6,6 +6,7 @@ line's `main`, printed as a single line, exit status 2. Anything else is a bug a
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from contextlib import contextmanager
 from typing import Iterator, NoReturn
@@ -30,6 +31,17 @@ def user_errors_exit(prog: str, also: tuple[type[BaseException], ...] = ()) -> I
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         sys.exit(130)
+
+
+def exit_now(code: int) -> NoReturn:
+    """End the process with `code` at once, after flushing stdout and stderr, skipping the interpreter's
+    finalization and exit hooks. For a process that has left its gloo process group: finalization can destroy
+    gloo's threads unjoined while objects (DDP's reducer) still hold the group, and under load a finished
+    process once aborted there ("terminate called without an active exception", SIGABRT). And for Ctrl-C
+    before training: wandb's exit hook would wait for a server that does not answer."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 class ArgumentParser(argparse.ArgumentParser):

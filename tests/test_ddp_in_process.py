@@ -30,13 +30,14 @@ from training.runtime import Runtime
 from training.trainer import model_config_for
 
 ITERS = 3
-# rank 1 ends with os._exit once it has left the group, as train.py under torchrun does: the interpreter's
+# rank 1 ends with exit_now once it has left the group, as train.py under torchrun does: the interpreter's
 # finalization can destroy gloo's threads unjoined ("terminate called without an active exception", SIGABRT), which
 # once failed this test after rank 1 had written its result
 RANK_1 = """
-import json, os, sys, traceback
+import json, sys, traceback
 from datetime import timedelta
 import torch, torch.distributed as dist
+from common.errors import exit_now
 from training.runtime import Runtime
 store, result, *args = sys.argv[1:]
 dist.init_process_group("gloo", init_method=f"file://{store}", rank=1, world_size=2, timeout=timedelta(seconds=120))
@@ -51,9 +52,7 @@ except BaseException:
     code = 1
 finally:
     dist.destroy_process_group()
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(code)
+exit_now(code)
 """
 
 

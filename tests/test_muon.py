@@ -167,12 +167,8 @@ SHARDED = textwrap.dedent("""
     if dist.get_rank() == 0:
         print("max difference", worst)
     dist.destroy_process_group()
-    # out of the group: end without the interpreter's finalization, which can destroy gloo's threads unjoined
-    # (SIGABRT), as train.py under torchrun does
-    sys.stdout.flush()
-    sys.stderr.flush()
-    import os
-    os._exit(0)
+    from common.errors import exit_now
+    exit_now(0)  # out of the group: no interpreter finalization (common/errors.py), as train.py under torchrun
 """)
 
 
