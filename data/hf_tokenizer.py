@@ -1,11 +1,11 @@
 """Tokenizers across the Hugging Face boundary.
 
 Reading (`tokenizer_for_hf_folder`): a folder attngpt exported with its own tokenizer file (a char vocabulary
-or a non-GPT-2 tiktoken encoding, below) reads that file back. A GPT-2 checkpoint whose vocabulary and merges are GPT-2's (checked entry
-by entry against tiktoken's, whichever of tokenizer.json / vocab.json + merges.txt it ships) uses attngpt's
-tiktoken "gpt2" encoding: the same ids and the fast encoder. Any other checkpoint uses its own tokenizer.json
-through the `tokenizers` library (HFTokenizer), with its end-of-sequence and beginning-of-sequence ids taken
-from tokenizer_config.json, else config.json / generation_config.json. Every file is bounded in size and
+or a non-GPT-2 tiktoken encoding, below) reads that file back. A GPT-2 checkpoint whose vocabulary and merges
+are GPT-2's (checked entry by entry against tiktoken's, whichever of tokenizer.json / vocab.json + merges.txt
+it ships) uses attngpt's tiktoken "gpt2" encoding: the same ids and the fast encoder. Any other checkpoint
+uses its own tokenizer.json through the `tokenizers` library (HFTokenizer), with its end-of-sequence and
+beginning-of-sequence ids taken from tokenizer_config.json, else config.json / generation_config.json. Every file is bounded in size and
 checked for its structure before it is used (data/tokenizer_files.py).
 
 Writing (`hf_tokenizer_files`), beside an exported model:
@@ -26,8 +26,8 @@ from common.json_file import read_bounded, read_json
 from common.schema import Fields, Int, Str, check
 from data.tokenizer import CharTokenizer, HFTokenizer, TiktokenTokenizer, byte_level_alphabet
 from data.tokenizer_json import tokenizer_from_json
-from data.tokenizer_files import (SMALL_FILE_BYTES, TOKENIZER_FILE_BYTES, merges_of, read_generation_config, read_merges_txt,
-                                  read_tokenizer_config, read_tokenizer_json, read_vocab_json)
+from data.tokenizer_files import (SMALL_FILE_BYTES, TOKENIZER_FILE_BYTES, merges_of, read_generation_config,
+                                  read_merges_txt, read_tokenizer_config, read_tokenizer_json, read_vocab_json)
 
 GPT2_ENCODINGS = ("gpt2", "r50k_base")  # the same ranks and pre-tokenizer
 EOT_TEXT = "<|endoftext|>"

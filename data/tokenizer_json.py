@@ -45,7 +45,6 @@ def tokenizer_from_json(spec: Any, remedy: str = PREPARE_AGAIN,
     return tok
 
 
-
 def _hf_from_json(spec: dict[str, Any], remedy: str, base_dir: str | Path | None) -> HFTokenizer:
     file, digest = spec.get("file"), spec.get("sha256")
     if not isinstance(file, str) or not isinstance(digest, str):

@@ -109,9 +109,9 @@ def adamw(embeddings: list[nn.Parameter], decay: list[nn.Parameter], no_decay: l
           cfg: TrainConfig) -> torch.optim.AdamW:
     """AdamW over the embedding tables (at cfg.embedding_lr, default cfg.lr), the other weights with decay and
     those without (build_optimizers), with its fused kernel (one pass over all parameters; CUDA, and CPU since
-    torch 2.4), else the multi-tensor (foreach) path. On a CPU a small model's step is bound by per-op overhead: for a 0.75M-parameter
-    model (4 layers x 128, GQA 4/2, ModelConfig defaults otherwise) fused takes 0.9 ms, torch's default
-    for-loop 3.8 ms and foreach 5.3 ms (`python benchmarks/optimizer_step.py`, benchmarks/RESULTS.md)."""
+    torch 2.4), else the multi-tensor (foreach) path. On a CPU a small model's step is bound by per-op
+    overhead: for a 0.75M-parameter model (4 layers x 128, GQA 4/2, ModelConfig defaults otherwise) fused
+    takes 0.9 ms, torch's default for-loop 3.8 ms and foreach 5.3 ms (`python benchmarks/optimizer_step.py`, benchmarks/RESULTS.md)."""
     groups = [{"params": embeddings, "weight_decay": cfg.weight_decay, "lr": cfg.embedding_lr or cfg.lr},
               {"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     param_groups = [group for group in groups if group["params"]]
