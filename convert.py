@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument("--force", action="store_true", help="replace OUT_DIR if convert.py wrote it before")
     args = parser.parse_args(argv)
 
-    from model.checkpoint import CheckpointError
+    from pretrained.checkpoint import CheckpointError
 
     with user_errors_exit("convert.py", also=(CheckpointError,)):
         from pretrained import convert

@@ -13,7 +13,7 @@ checkpoint is read again if a save swapped it away mid-read). Attention dumps go
 ./attn_dump, never into a run or a model folder (common/paths.py: one holding .train.lock, a run's config.yaml
 beside its checkpoints, or a checkpoint's or model's weights; refused in one line, before the model is built).
 The memory that generating the --num-samples at once needs is checked before any of it is allocated, with the
-KV cache or without (model/memory.py: generation_bytes). A --prompt-file is read up to PROMPT_FILE_LIMIT
+KV cache or without (pretrained/memory.py: generation_bytes). A --prompt-file is read up to PROMPT_FILE_LIMIT
 bytes (1 MB; the model sees at most block_size tokens of it anyway). `~` in a path flag is the home folder.
 Decisions: an empty prompt starts from a newline (char) or <|endoftext|> (BPE); characters that a
 char-level vocabulary lacks are refused, naming them; a prompt longer than block_size keeps its last
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with user_errors_exit("sample.py"):
         check_flags(args)  # before torch's seconds of import
-    from model.checkpoint import CheckpointError
+    from pretrained.checkpoint import CheckpointError
     with user_errors_exit("sample.py", also=(CheckpointError,)):
         return run(args)
 
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     from common.device import resolve_device
     from common.paths import check_outside_runs
     from insight.dump import dump_internals, parse_layer_heads, prompt_head_scores
-    from model.memory import device_memory, generation_bytes, human_bytes, param_count
+    from pretrained.memory import device_memory, generation_bytes, human_bytes, param_count
     from model.generate import generate
     from pretrained.load import open_pretrained
 

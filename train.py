@@ -71,7 +71,7 @@ def _main(args) -> int:
     with user_errors_exit("train.py"):  # the config first: a typo is reported before torch's seconds of import
         from training.config import config_to_yaml, load_run_config
         cfg = load_run_config(args.config, args.overrides)
-    from model.checkpoint import CheckpointError  # imports torch: after the SIGTERM handler is in place
+    from pretrained.checkpoint import CheckpointError  # imports torch: after the SIGTERM handler is in place
 
     with user_errors_exit("train.py", also=(CheckpointError,)):
         from training.runtime import distributed_env

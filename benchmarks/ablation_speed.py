@@ -32,7 +32,7 @@ import _report  # noqa: E402
 from common.errors import ArgumentParser, UserError, user_errors_exit  # noqa: E402
 from insight.ablation import ablation_dloss  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
-from model.attention import HeadPatch  # noqa: E402
+from model.gpt import HeadPatch  # noqa: E402
 
 
 def gpt2_small(block_size: int, attn_impl: str) -> GPT:

@@ -6,7 +6,7 @@ a 1B Llama with GQA, on a GPU), and gives the speed work a like-for-like baselin
 download), with norms and biases moved off 1 and 0 and q/k/v projections scaled so that attention scores have a
 standard deviation of about 3 (peaked and position-sensitive, like a trained model's, where GPT-2's init gives
 near-uniform attention). The transformers model is built from the attngpt one in memory
-(model.hf.to_transformers).
+(pretrained.hf.transformers_model.to_transformers).
 
     python benchmarks/hf_parity.py [--device cuda] [--models gpt2-124m,llama-1b] [--new-tokens 100] [--save]
 
@@ -33,7 +33,7 @@ import _report  # noqa: E402
 from common.device import resolve_device  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
 from model.generate import generate  # noqa: E402
-from model.hf import to_transformers  # noqa: E402
+from pretrained.hf.transformers_model import to_transformers  # noqa: E402
 
 SHAPES = {
     "gpt2-124m": ModelConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, d_model=768, pos="learned",

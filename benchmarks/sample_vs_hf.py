@@ -1,6 +1,6 @@
 """Sampling speed against Hugging Face `generate`, with identical weights: tokens/s at batch 1, greedy.
 
-The transformers model is built from the attngpt one in memory (model.hf.to_transformers: GPT2LMHeadModel or
+The transformers model is built from the attngpt one in memory (pretrained.hf.transformers_model.to_transformers: GPT2LMHeadModel or
 LlamaForCausalLM), so both run the same weights and must produce the same greedy tokens (checked, and
 printed). Variants, timed in interleaved rounds (each round runs every variant once, starting one variant
 later each round), median over rounds:
@@ -40,7 +40,7 @@ from common.device import resolve_device  # noqa: E402
 from common.errors import ArgumentParser, UserError, user_errors_exit  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
 from model.generate import generate  # noqa: E402
-from model.hf import to_transformers  # noqa: E402
+from pretrained.hf.transformers_model import to_transformers  # noqa: E402
 from training.config import load_run_config  # noqa: E402
 from training.runtime import synchronize  # noqa: E402
 

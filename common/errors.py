@@ -20,7 +20,7 @@ class UserError(Exception):
 
 @contextmanager
 def user_errors_exit(prog: str, also: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
-    """Turn a `UserError` (or one of `also`, e.g. model.checkpoint.CheckpointError) into one line on
+    """Turn a `UserError` (or one of `also`, e.g. pretrained.checkpoint.CheckpointError) into one line on
     stderr, 'prog: error: ...', and exit status 2. Ctrl-C outside a training loop exits 130 quietly."""
     try:
         yield

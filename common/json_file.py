@@ -11,7 +11,7 @@ tokenizer files): its size is checked before a byte is read, and JSON is parsed 
 Every failure is a FileContentError (a UserError) naming the file, whose `problem` says what is wrong without
 the name (for callers that word their own message); what the file must hold is checked afterwards, as data
 (common/schema.py). MissingFileError says the file vanished between being found and read: a reader that races
-a writer swapping folders (model/checkpoint.py) tells that apart from a damaged file.
+a writer swapping folders (pretrained/checkpoint.py) tells that apart from a damaged file.
 """
 from __future__ import annotations
 

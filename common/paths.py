@@ -36,7 +36,7 @@ from common.errors import UserError
 RUN_LOCK = ".train.lock"  # training/run_lock.py
 RUN_CONFIG = "config.yaml"  # the resolved config a run writes into its out_dir
 CHECKPOINT_NAMES = ("latest", "best")
-# files only a checkpoint or a model folder holds (model/checkpoint.py, training/checkpoint.py,
+# files only a checkpoint or a model folder holds (pretrained/checkpoint.py, training/checkpoint.py,
 # training/dist_checkpoint.py; a Hugging Face folder's weights)
 MODEL_FILES = ("model.safetensors", "model.safetensors.index.json", "train_state.pt", "fsdp_state.pt")
 

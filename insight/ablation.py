@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from model.attention import HeadPatch
+from model.gpt import HeadPatch
 
 ABLATION_MODES = ("zero", "mean", "off")
 LOGIT_ROWS = 512  # rows of vocab-wide logits computed at once (vocab 50257: 100 MB of float32)

@@ -37,7 +37,7 @@ from insight.explorer import HEAD_SCORE_NAMES, write_explorer
 from insight.heatmap import draw_heatmap
 from insight.roles import prev_token_score, probe_length, probe_role_scores, role_probe
 from insight.value_weighted import internals_value_norms
-from model.attention import AttentionInternals
+from model.gpt import AttentionInternals
 
 ROLE_BATCH = 8  # role-probe sequences, as training's attn.role_batch default
 ROLE_SEED = 0  # the probe is the same for every dump: scores of two models compare

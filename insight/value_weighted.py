@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from model.attention import AttentionInternals
+from model.gpt import AttentionInternals
 
 
 def value_norms(v: torch.Tensor, out_weight: torch.Tensor, n_head: int) -> torch.Tensor:

@@ -11,13 +11,13 @@ import importlib
 _EXPORTS = {
     "GPT": "model.gpt",
     "ModelConfig": "model.config",
-    "CausalSelfAttention": "model.attention",
-    "KVCache": "model.kv_cache",
-    "scaled_dot_product_attention": "model.attention",
-    "causal_mask": "model.attention",
-    "repeat_kv": "model.attention",
-    "AttentionInternals": "model.attention",
-    "HeadPatch": "model.attention",
+    "CausalSelfAttention": "model.gpt",
+    "KVCache": "model.gpt",
+    "scaled_dot_product_attention": "model.gpt",
+    "causal_mask": "model.gpt",
+    "repeat_kv": "model.gpt",
+    "AttentionInternals": "model.gpt",
+    "HeadPatch": "model.gpt",
 }
 
 __all__ = list(_EXPORTS)

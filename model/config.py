@@ -41,7 +41,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         """Every field of its type and in range (a config may come from a file someone else wrote: a bool is not
         an integer, 16.0 is not an integer, inf is not a number here); sizes are bounded by memory, not here
-        (model/memory.py)."""
+        (pretrained/memory.py)."""
         if self.n_kv_head is None:
             self.n_kv_head = self.n_head
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "d_model"):

@@ -1,23 +1,385 @@
-"""GPT: a decoder-only transformer built on the from-scratch attention block.
+"""attngpt's network, top to bottom: a decoder-only transformer on a from-scratch causal attention block.
 
-tokens -> embedding (+ learned positions) -> n_layer pre-norm blocks -> final norm -> LM head -> logits
-Each block: x = x + attention(norm(x)); x = x + mlp(norm(x)).
+    tokens (B, T) -> token embedding (+ learned positions) -> n_layer pre-norm blocks -> final norm -> LM head
+           -> logits (B, T, vocab_size)
+    each block: x = x + attention(norm(x)); x = x + mlp(norm(x))
+
+Read in this order (each section builds on the ones above it):
+    1. the attention formula from scratch, softmax(Q K^T / sqrt(d_k)) V, returning the weights this project draws
+    2. the fused path (F.scaled_dot_product_attention): the same numbers, faster, without the weights
+       (the two are proven equal by tests/model/test_attention.py; whenever weights are asked for, the
+       from-scratch path runs instead)
+    3. RoPE, rotary position embeddings
+    4. the KV cache
+    5. CausalSelfAttention: the q|k|v projections around the formula, grouped-query attention (GQA): n_head
+       query heads share n_kv_head key/value heads (MQA at 1, plain multi-head attention at n_head)
+    6. norms and MLPs
+    7. Block and GPT: the forward pass, the loss, the KV cache's setup
+    8. insight hooks: what insight/ reads and changes (the residual stream, attention internals, head patches);
+       the forward pass does not need them
+
+The shapes and choices come from model/config.py (ModelConfig); generation lives in model/generate.py.
+Nothing here reads or writes a file: checkpoints and Hugging Face folders are pretrained/'s.
 """
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext as _no_context
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model.attention import AttentionInternals, CausalSelfAttention
+from common.device import torch_version
 from model.config import ModelConfig
-from model.kv_cache import KVCache
-from model.mlp import make_mlp
-from model.norm import make_norm
-from model.rope import rope_frequencies
 
+
+# --------------------------------------------------------------------------------------------------------------------
+# 1. Attention from scratch: softmax(Q K^T / sqrt(d_k)) V, the formula of the seed texts, step by step
+# --------------------------------------------------------------------------------------------------------------------
+
+def causal_mask(t_q: int, t_k: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Bool (t_q, t_k), True where query i may look at key j.
+
+    Aligned bottom-right: the queries are the *last* t_q positions of the t_k keys, so query i sits
+    at absolute position t_k - t_q + i and sees keys j <= t_k - t_q + i. With t_q == t_k this is the
+    usual lower triangle; with t_q < t_k (decoding against a cache) the new tokens see all the past.
+    (PyTorch's SDPA `is_causal=True` aligns top-left instead when t_q != t_k: pytorch issue 108108.)
+    """
+    return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal=t_k - t_q)
+
+
+def stable_softmax(scores: torch.Tensor) -> torch.Tensor:
+    """Row-wise softmax over the last dim, shifted by the row max so exp() never overflows.
+
+    exp(s - max) / sum(exp(s - max)) equals exp(s) / sum(exp(s)) exactly in real arithmetic, but its
+    exponents are all <= 0, so scores of 800 (exp(800) = inf in float64) still give finite weights.
+    A row whose every entry is masked (-inf) gets all-zero weights instead of NaN.
+    """
+    row_max = scores.amax(dim=-1, keepdim=True)
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    exp = torch.exp(scores - row_max)  # masked entries: exp(-inf) = 0 exactly
+    total = exp.sum(dim=-1, keepdim=True)
+    return exp / total.clamp_min(torch.finfo(exp.dtype).tiny)
+
+
+def scaled_dot_product_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    causal: bool = False,
+    dropout_p: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention from scratch. Returns (output, weights).
+
+    q: (..., T_q, d_k)   k: (..., T_k, d_k)   v: (..., T_k, d_v)   (leading dims broadcast)
+    mask: bool, True = may attend (as in F.scaled_dot_product_attention), broadcastable to
+          (..., T_q, T_k); or a float mask added to the scores.
+    causal: hide future keys, aligned bottom-right (see `causal_mask`).
+    dropout_p: dropout on the weights used for mixing (the returned weights are before dropout).
+
+    output: (..., T_q, d_v)   weights: (..., T_q, T_k), each row sums to 1, masked entries exactly 0.
+    The softmax runs in at least float32, also under bf16 autocast: its weights are what we inspect.
+    """
+    d_k = q.shape[-1]
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(d_k)  # (..., T_q, T_k): how much each query matches each key
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+    if causal:
+        t_q, t_k = scores.shape[-2], scores.shape[-1]
+        scores = scores.masked_fill(~causal_mask(t_q, t_k, scores.device), float("-inf"))
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask
+    weights = stable_softmax(scores)  # (..., T_q, T_k)
+    mixing = F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights
+    out = mixing.to(v.dtype) @ v  # (..., T_q, d_v): each query's weighted average of the values
+    return out, weights
+
+# --------------------------------------------------------------------------------------------------------------------
+# 2. The fused path: PyTorch's F.scaled_dot_product_attention, for speed (it never returns the weights)
+# --------------------------------------------------------------------------------------------------------------------
+
+# F.scaled_dot_product_attention takes enable_gqa from PyTorch 2.5 on; with 2.4 k, v are repeated instead
+SDPA_HAS_GQA = torch_version() >= (2, 5)
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """(B, n_kv_head, T, head_dim) -> (B, n_kv_head * n_rep, T, head_dim), each kv head repeated n_rep times
+    in a row, so query head h reads kv head h // n_rep."""
+    if n_rep == 1:
+        return x
+    b, n_kv, t, d = x.shape
+    return x[:, :, None, :, :].expand(b, n_kv, n_rep, t, d).reshape(b, n_kv * n_rep, t, d)
+
+
+def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool,
+                    dropout_p: float = 0.0, float32: bool = False) -> torch.Tensor:
+    """F.scaled_dot_product_attention over q (B, n_head, T, head_dim) and the shared k, v (B, n_kv_head, T_k,
+    head_dim): under the bool mask (T, T_k) if given, causal (the kernel's own, top-left aligned) if `causal`,
+    else over every key (a decoded token's query against its written prefix). Returns (B, n_head, T,
+    head_dim) in q's dtype.
+
+    float32: run the kernel on float32 copies with autocast off, where q comes in a lower precision. CPU flash
+    attention's bfloat16 backward is slower than its float32 one at small head sizes (head_dim 32, GQA 4/2:
+    small.yaml's training step 1.20x faster with the upcast, benchmarks/RESULTS.md); the result is the float32
+    kernel's, rounded once to q's dtype."""
+    dtype, n_rep = q.dtype, q.size(1) // k.size(1)
+    upcast = float32 and dtype != torch.float32
+    with torch.autocast(q.device.type, enabled=False) if upcast else _no_context():
+        if upcast:
+            q, k, v = q.float(), k.float(), v.float()
+        if n_rep > 1 and SDPA_HAS_GQA:
+            # the kernel reads each shared kv head for its group of query heads: no expanded copy of k, v
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                                 dropout_p=dropout_p, enable_gqa=True)  # (B, n_head, T, head_dim)
+        else:
+            out = F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), attn_mask=mask,
+                                                 is_causal=causal, dropout_p=dropout_p)
+    return out.to(dtype)
+
+# --------------------------------------------------------------------------------------------------------------------
+# 3. Rotary position embeddings (RoPE, Su et al. 2021)
+# Channels are taken in pairs (2i, 2i+1) as one complex number, which is rotated by the angle
+# pos * theta^(-2i/head_dim): a complex multiply by exp(i * angle). Then q_m . k_n depends on the
+# positions only through m - n: attention sees relative distance for free. (The LLaMA reference layout:
+# pairs of neighbouring channels, rather than the "rotate half" layout of Hugging Face's Llama.)
+#
+# The table holds cos and sin as a real float32 tensor, (max_len, head_dim/2, 2). Eager code reads it as
+# complex numbers and rotates with one complex multiply on the contiguous (B, T, heads, head_dim) tensor
+# (several times faster on a CPU than the same rotation written as six real ops); compiled code does the
+# same arithmetic on real tensors, which the compiler fuses into one kernel (it does not generate code
+# for complex operators). Both give the same numbers (tests/test_model.py).
+# --------------------------------------------------------------------------------------------------------------------
+
+def rope_frequencies(head_dim: int, max_len: int, theta: float = 10000.0,
+                     device: torch.device | str | None = None) -> torch.Tensor:
+    """(cos, sin) of pos * theta^(-2j/head_dim) for pos < max_len, j < head_dim/2: float32 (max_len, head_dim // 2, 2).
+    Angles are computed in float64 so long contexts stay exact."""
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim)
+    angles = torch.outer(torch.arange(max_len, dtype=torch.float64, device=device), inv_freq)
+    return torch.stack([angles.cos(), angles.sin()], dim=-1).to(torch.float32)
+
+
+def apply_rope(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """Rotate x (B, T, n_heads, head_dim) by freqs (T, head_dim // 2, 2) = (cos, sin): one rotation per position,
+    shared by all heads. Computed in float32 whatever x's dtype, returned in x's dtype."""
+    rotate = rotate_real if torch.compiler.is_compiling() else rotate_complex
+    return rotate(x.float().reshape(*x.shape[:-1], -1, 2), freqs).flatten(-2).type_as(x)
+
+
+def rotate_complex(pairs: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """pairs (B, T, n_heads, head_dim/2, 2) float32 rotated as complex numbers by freqs (T, head_dim/2, 2)."""
+    rotated = torch.view_as_complex(pairs) * torch.view_as_complex(freqs)[:, None, :]  # broadcast over B, heads
+    return torch.view_as_real(rotated)
+
+
+def rotate_real(pairs: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """The same rotation as rotate_complex, in real arithmetic: (a + ib)(c + is) = (ac - bs) + i(as + bc)."""
+    cos, sin = freqs[:, None, :, 0], freqs[:, None, :, 1]  # (T, 1, head_dim/2)
+    real, imag = pairs[..., 0], pairs[..., 1]
+    return torch.stack([real * cos - imag * sin, real * sin + imag * cos], dim=-1)
+
+# --------------------------------------------------------------------------------------------------------------------
+# 4. The KV cache: preallocated key/value buffers for fast generation
+# Without a cache, every new token recomputes k and v for the whole context: O(T) work per layer per
+# token for the projections, O(T^2) overall. With one, each token's k, v are computed once and written
+# at its position; a step only projects the new token. The buffers have a static shape
+# (B, n_kv_head, max_len, head_dim) and are written by index (`input_pos`), so the same graph serves
+# every step and `torch.compile` / CUDA graphs can capture it. GQA stores only the shared kv heads,
+# so the cache is n_head / n_kv_head times smaller than a multi-head one.
+# --------------------------------------------------------------------------------------------------------------------
+
+class KVCache(nn.Module):
+    def __init__(self, batch_size: int, n_kv_head: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+        super().__init__()
+        shape = (batch_size, n_kv_head, max_len, head_dim)
+        # not part of the model's state: never saved in checkpoints
+        self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    @property
+    def max_len(self) -> int:
+        return self.k_cache.shape[2]
+
+    def update(self, input_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v (B, n_kv_head, T, head_dim) at positions input_pos (T,); return the full buffers
+        (B, n_kv_head, max_len, head_dim). Positions not yet written hold zeros, and the caller's mask
+        hides them."""
+        self.k_cache.index_copy_(2, input_pos, k.to(self.k_cache.dtype))
+        self.v_cache.index_copy_(2, input_pos, v.to(self.v_cache.dtype))
+        return self.k_cache, self.v_cache
+
+    def reset(self) -> None:
+        """Zero both buffers in place (they keep their identity, which compiled code guards on)."""
+        self.k_cache.zero_()
+        self.v_cache.zero_()
+
+    def nbytes(self) -> int:
+        return self.k_cache.nbytes + self.v_cache.nbytes
+
+# --------------------------------------------------------------------------------------------------------------------
+# 5. Causal self-attention: the projections around the formula, grouped-query heads, RoPE, the cache
+# --------------------------------------------------------------------------------------------------------------------
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention with grouped-query key/value heads and optional RoPE."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.n_head = config.n_head
+        self.n_kv_head = config.n_kv_head
+        self.head_dim = config.head_dim
+        self.attn_impl = config.attn_impl
+        self.dropout_p = config.dropout
+        # q, k and v in one matmul (one kernel launch); the k and v parts have only n_kv_head heads
+        self.qkv_proj = nn.Linear(config.d_model, (config.n_head + 2 * config.n_kv_head) * config.head_dim,
+                                  bias=config.bias)
+        self.out_proj = nn.Linear(config.n_head * config.head_dim, config.d_model, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.kv_cache = None  # a KVCache (section 4) while generating with a cache
+        self.head_patch: HeadPatch | None = None  # heads whose outputs are replaced (module doc); None = none
+        # the fused kernel on float32 copies of q, k, v under a lower-precision autocast (fused_attention); set
+        # by `dtype: auto` where it measured faster (training/autotune.py), never part of the model's config
+        self.fused_float32 = False
+
+    def project_qkv(self, x: torch.Tensor, rope: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, d_model) -> q (B, n_head, T, head_dim), k and v (B, n_kv_head, T, head_dim): what the
+        attention compares and mixes, with RoPE (complex (T, head_dim/2), or None) applied to q and k.
+        forward uses it, and so does GPT.attention_internals: what is inspected is what runs."""
+        B, T, _ = x.shape
+        n_qk = self.n_head + self.n_kv_head
+        qkv = self.qkv_proj(x).view(B, T, n_qk + self.n_kv_head, self.head_dim)  # (B, T, heads of q|k|v, head_dim)
+        qk, v = qkv[:, :, :n_qk], qkv[:, :, n_qk:]
+        if rope is not None:
+            qk = apply_rope(qk, rope)  # q and k rotated in one go
+        q = qk[:, :, :self.n_head].transpose(1, 2)  # (B, n_head, T, head_dim)
+        k = qk[:, :, self.n_head:].transpose(1, 2)  # (B, n_kv_head, T, head_dim)
+        return q, k, v.transpose(1, 2)  # v: (B, n_kv_head, T, head_dim)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        input_pos: torch.Tensor | None = None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: (B, T, d_model). rope: (T, head_dim/2, 2) cos/sin rotations for the positions of x (model/gpt.py).
+        mask: None for plain causal attention over x itself; with a KV cache, bool (T, T_k) rows of the
+        causal table at `input_pos`, the absolute positions of x's tokens, where k/v are written, cut to the
+        T_k slots attended over: the written prefix max(input_pos) + 1, or the whole buffer (GPT._hidden).
+        Returns (y (B, T, d_model), weights (B, n_head, T, T_k) if need_weights else None)."""
+        B, T, _ = x.shape
+        q, k, v = self.project_qkv(x, rope)
+        if self.kv_cache is not None:
+            k, v = self.kv_cache.update(input_pos, k, v)  # (B, n_kv_head, max_len, head_dim)
+            if mask is not None:  # attend only over the slots the mask covers (T, T_k): the written prefix
+                k, v = k[:, :, :mask.shape[-1]], v[:, :, :mask.shape[-1]]
+            # a cache kept in another dtype than the model computes in (e.g. bf16 to halve its memory) is read
+            # back in q's dtype; free when they match
+            k, v = k.to(q.dtype), v.to(q.dtype)
+        dropout_p = self.dropout_p if self.training else 0.0
+        n_rep = self.n_head // self.n_kv_head
+
+        weights = None
+        if need_weights or self.attn_impl == "manual":
+            # Group the query heads by the kv head they share: (B, n_kv_head, n_rep, T, head_dim);
+            # k and v broadcast over the group axis, so shared heads are never copied.
+            q_grouped = q.view(B, self.n_kv_head, n_rep, T, self.head_dim)
+            out, weights = scaled_dot_product_attention(
+                q_grouped, k.unsqueeze(2), v.unsqueeze(2), mask=mask, causal=mask is None, dropout_p=dropout_p)
+            out = out.view(B, self.n_head, T, self.head_dim)
+            weights = weights.view(B, self.n_head, T, -1) if need_weights else None
+        else:
+            # Eager decoding of one token: its query sits at the newest written position and the mask row is
+            # the written prefix, all True (GPT._hidden cuts it there), so the fused kernel needs no mask;
+            # applying one costs ~5% of an eager CPU decode step (benchmarks/RESULTS.md). Compiled code keeps
+            # the row, which on CUDA is a whole-buffer row with unwritten slots to hide.
+            sdpa_mask = None if T == 1 and mask is not None and not torch.compiler.is_compiling() else mask
+            out = fused_attention(q, k, v, sdpa_mask, causal=mask is None, dropout_p=dropout_p,
+                                  float32=self.fused_float32)
+
+        if self.head_patch is not None:
+            out = self.head_patch.apply(out)  # (B, n_head, T, head_dim)
+        y = out.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)  # heads side by side again
+        return self.resid_dropout(self.out_proj(y)), weights
+
+# --------------------------------------------------------------------------------------------------------------------
+# 6. The rest of a block: the two norms and the two MLPs
+# --------------------------------------------------------------------------------------------------------------------
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight: LayerNorm without the mean and the bias (Zhang & Sennrich 2019)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with an optional bias (PyTorch's nn.LayerNorm has no bias=False before 2.1)."""
+
+    def __init__(self, dim: int, bias: bool = False, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+
+
+def make_norm(kind: str, dim: int, bias: bool, eps: float | None = None) -> nn.Module:
+    """eps None: the norm's own default (RMSNorm 1e-6, LayerNorm 1e-5)."""
+    if kind == "rmsnorm":
+        return RMSNorm(dim) if eps is None else RMSNorm(dim, eps=eps)
+    return LayerNorm(dim, bias=bias) if eps is None else LayerNorm(dim, bias=bias, eps=eps)
+
+
+class GeluMLP(nn.Module):
+    """d_model -> hidden -> GELU -> d_model."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.fc_in = nn.Linear(config.d_model, config.hidden_dim, bias=config.bias)
+        self.fc_out = nn.Linear(config.hidden_dim, config.d_model, bias=config.bias)  # a residual projection
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.fc_out(F.gelu(self.fc_in(x), approximate="tanh")))
+
+
+class SwiGLU(nn.Module):
+    """(SiLU(x W_gate) * x W_up) W_down (Shazeer 2020): a gated MLP, better per parameter than GELU."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        # gate and up in one matmul: one kernel launch instead of two (small models are launch-bound)
+        self.fc_in = nn.Linear(config.d_model, 2 * config.hidden_dim, bias=config.bias)
+        self.fc_out = nn.Linear(config.hidden_dim, config.d_model, bias=config.bias)  # a residual projection
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.fc_in(x).chunk(2, dim=-1)
+        return self.dropout(self.fc_out(F.silu(gate) * up))
+
+
+def make_mlp(config: ModelConfig) -> nn.Module:
+    return SwiGLU(config) if config.mlp == "swiglu" else GeluMLP(config)
+
+# --------------------------------------------------------------------------------------------------------------------
+# 7. Block and GPT
+# --------------------------------------------------------------------------------------------------------------------
 
 HEAD_COLUMNS_MAX_ROWS = 8  # up to this many rows (decode steps of small batches) use GPT.head_columns on a CPU
 
@@ -148,36 +510,6 @@ class GPT(nn.Module):
             return None
         return self.rope_freqs[:T] if input_pos is None else self.rope_freqs[input_pos]
 
-    def residual_stream(self, idx: torch.Tensor) -> list[torch.Tensor]:
-        """The residual stream of a plain forward pass over idx (B, T): n_layer + 1 tensors (B, T, d_model),
-        entry l the input of block l and the last one the last block's output (before the final norm).
-        With `hidden_from` it lets an intervention in layer l re-run layers l.. only (insight/ablation.py)."""
-        T = idx.shape[1]
-        self._check_plain_pass("residual_stream", T)
-        stream = [self._embed(idx, torch.arange(T, device=idx.device))]  # (B, T, d_model) each
-        rope = self._rope(T)
-        for block in self.blocks:
-            stream.append(block(stream[-1], rope)[0])
-        return stream
-
-    def _check_plain_pass(self, name: str, T: int) -> None:
-        if self.blocks[0].attn.kv_cache is not None:
-            raise ValueError(f"{name} runs without a KV cache: call clear_kv_cache() first")
-        if T > self.config.block_size:
-            raise ValueError(f"sequence of {T} tokens is longer than block_size={self.config.block_size}")
-
-    def hidden_from(self, layer: int, x: torch.Tensor) -> torch.Tensor:
-        """Final hidden states (B, T, d_model) from x (B, T, d_model), the residual stream entering block
-        `layer` (residual_stream(idx)[layer]): blocks layer..n_layer-1 (plain causal attention over x's T
-        positions 0..T-1, no cache) and the final norm. hidden_from(0, residual_stream(idx)[0]) computes
-        what forward(idx) does. Pass logits() the result for token scores."""
-        self._layer_list([layer])
-        self._check_plain_pass("hidden_from", x.shape[1])
-        rope = self._rope(x.shape[1])
-        for block in self.blocks[layer:]:
-            x = block(x, rope)[0]
-        return self.final_norm(x)
-
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 input_pos: torch.Tensor | None = None,
                 last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -219,6 +551,105 @@ class GPT(nn.Module):
             with torch.no_grad():
                 cached = self.__dict__["_head_columns"] = (key, weight.detach().t().contiguous())
         return cached[1]
+
+    # ----------------------------------------------------------------------------------------------
+    def setup_kv_cache(self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None,
+                       device: torch.device | str | None = None) -> int:
+        """Give every layer a preallocated KV cache; returns its total size in bytes.
+
+        dtype: the cache's own, the model's by default; a narrower one (bfloat16 under a float32 model) halves
+        its memory, and attention reads it back in the dtype it computes in.
+
+        Caches of the same shape, dtype and device as the last ones are reused (zeroed), not reallocated:
+        compiled decode steps (model/generate.py) guard on the cache buffers they were traced with."""
+        max_len = self.config.block_size if max_len is None else max_len
+        if not 1 <= max_len <= self.config.block_size:
+            raise ValueError(f"max_len={max_len}: must be in 1..block_size={self.config.block_size}")
+        param = self.tok_emb.weight
+        dtype = dtype or param.dtype
+        device = torch.device(device or param.device)
+        key = (batch_size, max_len, dtype, device)
+        pool = self.__dict__.get("_kv_pool")  # (key, caches, causal table) of the last setup
+        if pool is not None and pool[0] == key:
+            caches, self.causal_table = pool[1], pool[2]
+            for cache in caches:
+                cache.reset()
+        else:
+            caches = [KVCache(batch_size, self.config.n_kv_head, max_len, self.config.head_dim, dtype=dtype,
+                              device=device) for _ in self.blocks]
+            self.causal_table = torch.ones(max_len, max_len, dtype=torch.bool, device=device).tril()
+            self.__dict__["_kv_pool"] = (key, caches, self.causal_table)
+        for block, cache in zip(self.blocks, caches):
+            block.attn.kv_cache = cache
+        return sum(cache.nbytes() for cache in caches)
+
+    def clear_kv_cache(self) -> None:
+        """Back to plain forward passes (the buffers stay pooled for the next setup_kv_cache)."""
+        for block in self.blocks:
+            block.attn.kv_cache = None
+        self.causal_table = None
+
+    def set_fused_attention_float32(self, on: bool) -> None:
+        """Every layer's fused attention kernel on float32 copies of q, k, v under a lower-precision autocast,
+        or not (model.gpt.fused_attention): a speed setting of the machine, not of the model."""
+        for block in self.blocks:
+            block.attn.fused_float32 = bool(on)
+
+    # ----------------------------------------------------------------------------------------------
+    def num_params(self, exclude_embeddings: bool = False) -> int:
+        """Distinct parameters (a tied LM head counts once). exclude_embeddings drops the token and
+        position tables, as scaling-law papers count."""
+        n = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            n -= self.tok_emb.weight.numel()
+            if self.pos_emb is not None:
+                n -= self.pos_emb.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len: int | None = None) -> float:
+        """Training FLOPs (forward + backward) per token, for MFU (PaLM paper, appendix B).
+
+        6 per weight of every matmul (2 forward, 4 backward), the LM head included even when tied;
+        plus attention's two matmuls (QK^T and weights @ V): 12 * n_layer * n_head * head_dim * seq_len,
+        counted over the full square as is customary, though the causal half is masked.
+        """
+        c = self.config
+        seq_len = c.block_size if seq_len is None else seq_len
+        matmul_params = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+        return 6.0 * matmul_params + 12.0 * c.n_layer * c.n_head * c.head_dim * seq_len
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # 8. Insight hooks (the rest of this section follows the class: AttentionInternals, HeadPatch)
+    # ----------------------------------------------------------------------------------------------------------------
+    def residual_stream(self, idx: torch.Tensor) -> list[torch.Tensor]:
+        """The residual stream of a plain forward pass over idx (B, T): n_layer + 1 tensors (B, T, d_model),
+        entry l the input of block l and the last one the last block's output (before the final norm).
+        With `hidden_from` it lets an intervention in layer l re-run layers l.. only (insight/ablation.py)."""
+        T = idx.shape[1]
+        self._check_plain_pass("residual_stream", T)
+        stream = [self._embed(idx, torch.arange(T, device=idx.device))]  # (B, T, d_model) each
+        rope = self._rope(T)
+        for block in self.blocks:
+            stream.append(block(stream[-1], rope)[0])
+        return stream
+
+    def _check_plain_pass(self, name: str, T: int) -> None:
+        if self.blocks[0].attn.kv_cache is not None:
+            raise ValueError(f"{name} runs without a KV cache: call clear_kv_cache() first")
+        if T > self.config.block_size:
+            raise ValueError(f"sequence of {T} tokens is longer than block_size={self.config.block_size}")
+
+    def hidden_from(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """Final hidden states (B, T, d_model) from x (B, T, d_model), the residual stream entering block
+        `layer` (residual_stream(idx)[layer]): blocks layer..n_layer-1 (plain causal attention over x's T
+        positions 0..T-1, no cache) and the final norm. hidden_from(0, residual_stream(idx)[0]) computes
+        what forward(idx) does. Pass logits() the result for token scores."""
+        self._layer_list([layer])
+        self._check_plain_pass("hidden_from", x.shape[1])
+        rope = self._rope(x.shape[1])
+        for block in self.blocks[layer:]:
+            x = block(x, rope)[0]
+        return self.final_norm(x)
 
     @torch.no_grad()
     def attention_maps(self, idx: torch.Tensor, layers: list[int] | None = None) -> dict[int, torch.Tensor]:
@@ -275,83 +706,38 @@ class GPT(nn.Module):
                 raise ValueError(f"layer {layer} out of range: the model has layers 0..{self.config.n_layer - 1}")
         return layers
 
-    # ----------------------------------------------------------------------------------------------
-    def setup_kv_cache(self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None,
-                       device: torch.device | str | None = None) -> int:
-        """Give every layer a preallocated KV cache; returns its total size in bytes.
 
-        dtype: the cache's own, the model's by default; a narrower one (bfloat16 under a float32 model) halves
-        its memory, and attention reads it back in the dtype it computes in.
+# --------------------------------------------------------------------------------------------------------------------
+# 8. Insight hooks, continued: what one layer computed, and the heads an intervention replaces
+# --------------------------------------------------------------------------------------------------------------------
 
-        Caches of the same shape, dtype and device as the last ones are reused (zeroed), not reallocated:
-        compiled decode steps (model/generate.py) guard on the cache buffers they were traced with."""
-        max_len = self.config.block_size if max_len is None else max_len
-        if not 1 <= max_len <= self.config.block_size:
-            raise ValueError(f"max_len={max_len}: must be in 1..block_size={self.config.block_size}")
-        param = self.tok_emb.weight
-        dtype = dtype or param.dtype
-        device = torch.device(device or param.device)
-        key = (batch_size, max_len, dtype, device)
-        pool = self.__dict__.get("_kv_pool")  # (key, caches, causal table) of the last setup
-        if pool is not None and pool[0] == key:
-            caches, self.causal_table = pool[1], pool[2]
-            for cache in caches:
-                cache.reset()
-        else:
-            caches = [KVCache(batch_size, self.config.n_kv_head, max_len, self.config.head_dim, dtype=dtype,
-                              device=device) for _ in self.blocks]
-            self.causal_table = torch.ones(max_len, max_len, dtype=torch.bool, device=device).tril()
-            self.__dict__["_kv_pool"] = (key, caches, self.causal_table)
-        for block, cache in zip(self.blocks, caches):
-            block.attn.kv_cache = cache
-        return sum(cache.nbytes() for cache in caches)
-
-    def clear_kv_cache(self) -> None:
-        """Back to plain forward passes (the buffers stay pooled for the next setup_kv_cache)."""
-        for block in self.blocks:
-            block.attn.kv_cache = None
-        self.causal_table = None
-
-    def set_fused_attention_float32(self, on: bool) -> None:
-        """Every layer's fused attention kernel on float32 copies of q, k, v under a lower-precision autocast,
-        or not (model.attention.fused_attention): a speed setting of the machine, not of the model."""
-        for block in self.blocks:
-            block.attn.fused_float32 = bool(on)
-
-    # ----------------------------------------------------------------------------------------------
-    def num_params(self, exclude_embeddings: bool = False) -> int:
-        """Distinct parameters (a tied LM head counts once). exclude_embeddings drops the token and
-        position tables, as scaling-law papers count."""
-        n = sum(p.numel() for p in self.parameters())
-        if exclude_embeddings:
-            n -= self.tok_emb.weight.numel()
-            if self.pos_emb is not None:
-                n -= self.pos_emb.weight.numel()
-        return n
-
-    def flops_per_token(self, seq_len: int | None = None) -> float:
-        """Training FLOPs (forward + backward) per token, for MFU (PaLM paper, appendix B).
-
-        6 per weight of every matmul (2 forward, 4 backward), the LM head included even when tied;
-        plus attention's two matmuls (QK^T and weights @ V): 12 * n_layer * n_head * head_dim * seq_len,
-        counted over the full square as is customary, though the causal half is masked.
-        """
-        c = self.config
-        seq_len = c.block_size if seq_len is None else seq_len
-        matmul_params = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
-        return 6.0 * matmul_params + 12.0 * c.n_layer * c.n_head * c.head_dim * seq_len
+@dataclass
+class AttentionInternals:
+    """What one attention layer computed over a sequence (GPT.attention_internals): enough to redo its
+    arithmetic by hand. Query head h reads kv head h // (n_head // n_kv_head), and writes into the
+    residual stream through W_O^h = out_weight[:, h * head_dim:(h + 1) * head_dim]."""
+    q: torch.Tensor  # (B, n_head, T, head_dim), RoPE applied as the model applies it
+    k: torch.Tensor  # (B, n_kv_head, T, head_dim), RoPE applied
+    v: torch.Tensor  # (B, n_kv_head, T, head_dim)
+    weights: torch.Tensor  # (B, n_head, T, T) float32: softmax(q k^T / sqrt(head_dim)), future masked to -inf
+    out_weight: torch.Tensor  # (d_model, n_head * head_dim): out_proj.weight, y = concat_h(out_h) @ out_weight.T
+    out_bias: torch.Tensor | None  # (d_model,): out_proj.bias (added once per query, not per key), or None
 
 
+@dataclass
+class HeadPatch:
+    """Chosen heads' outputs replaced before out_proj mixes them: head h's output for batch row b is
+    out[b, h] (T, head_dim), what W_O^h = out_proj.weight[:, h * head_dim:(h + 1) * head_dim] reads.
 
-def crop_block_size(state: dict[str, torch.Tensor], block_size: int) -> dict[str, torch.Tensor]:
-    """A GPT's weights for the same model at a shorter context (fine-tuning GPT-2 at the context a CPU affords):
-    learned positions keep the first block_size rows of their table. Nothing else stored depends on the
-    context (RoPE's table is derived, not saved), so GPT(config at block_size) holding the result computes, on
-    every input of up to block_size tokens, exactly what the full model computes."""
-    positions = state.get("pos_emb.weight")  # (source block_size, d_model); absent with RoPE
-    if positions is None or positions.shape[0] == block_size:
-        return state
-    if not 1 <= block_size < positions.shape[0]:
-        raise ValueError(f"block_size={block_size}: the weights hold {positions.shape[0]} positions; a crop keeps "
-                         f"1 to {positions.shape[0]} of them")
-    return {**state, "pos_emb.weight": positions[:block_size].clone()}  # a copy: the full table can be freed
+    Batch rows may patch different heads (keep has one row per batch row), so one forward pass can try
+    several interventions side by side; a single row (1, n_head) applies to every batch row."""
+    keep: torch.Tensor  # bool (B or 1, n_head): False = this head's output is replaced in this batch row
+    values: torch.Tensor | None = None  # broadcastable to (B, n_head, T, head_dim), e.g. (1, n_head, 1, head_dim)
+    #                                     a mean over positions; None = zeros
+
+    def apply(self, out: torch.Tensor) -> torch.Tensor:
+        """out (B, n_head, T, head_dim) -> the same with the replaced heads' outputs swapped in."""
+        keep = self.keep.to(out.device)[:, :, None, None]  # (B or 1, n_head, 1, 1)
+        if self.values is None:
+            return out * keep.to(out.dtype)
+        return torch.where(keep, out, self.values.to(device=out.device, dtype=out.dtype))

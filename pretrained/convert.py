@@ -6,7 +6,7 @@
                             config.json, and the tokenizer.json a Llama-family tokenizer needs)
 
 Weights keep their stored dtype both ways (a bfloat16 hub checkpoint stays bfloat16 on disk; attngpt upcasts
-when it loads). The output folder is written whole or not at all (model/hf/export.py).
+when it loads). The output folder is written whole or not at all (pretrained/hf/export.py).
 """
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from pathlib import Path
 
 from data.hf_tokenizer import hf_tokenizer_files
 from data.tokenizer_json import stored_tokenizer
-from model.checkpoint import CONFIG_FILE
-from model.hf.config_map import hf_architecture
-from model.hf.export import check_out_dir, hf_files, write_model_folder
+from pretrained.checkpoint import CONFIG_FILE
+from pretrained.hf.config_map import hf_architecture
+from pretrained.hf.export import check_out_dir, hf_files, write_model_folder
 from pretrained.load import open_pretrained
 
 

@@ -20,14 +20,14 @@ from common.errors import UserError
 from common.json_file import read_json
 from data.hf_tokenizer import tokenizer_for_hf_folder
 from data.tokenizer_json import tokenizer_from_json
-from model.checkpoint import (CONFIG_FILE, MAX_CONFIG_BYTES, WEIGHTS_FILE, CheckpointError, find_checkpoint,
+from pretrained.checkpoint import (CONFIG_FILE, MAX_CONFIG_BYTES, WEIGHTS_FILE, CheckpointError, find_checkpoint,
                               load_checkpoint, read_config, read_weights)
 from model.config import ModelConfig
-from model.gpt import GPT, crop_block_size
-from model.memory import check_fits_in_memory
-from model.hf.config_map import hf_model_type
-from model.hf.load import build_model, check_hf_weights, load_state, read_hf_model_config, read_hf_state
-from model.hf.source import download, is_hf_config, looks_like_hub_id
+from model.gpt import GPT
+from pretrained.memory import check_fits_in_memory
+from pretrained.hf.config_map import hf_model_type
+from pretrained.hf.load import build_model, check_hf_weights, load_state, read_hf_model_config, read_hf_state
+from pretrained.hf.source import download, is_hf_config, looks_like_hub_id
 
 DUMP_DIR = Path("attn_dump")
 
@@ -149,3 +149,17 @@ def _check_vocab(config: ModelConfig, tokenizer: Any, folder: Path, remedy: str)
         raise UserError(f"the tokenizer of '{folder}' has {tokenizer.vocab_size} tokens but the model only "
                         f"{config.vocab_size} (model.vocab_size): its config and tokenizer do not belong together; "
                         f"{remedy}")
+
+
+def crop_block_size(state: dict[str, torch.Tensor], block_size: int) -> dict[str, torch.Tensor]:
+    """A GPT's weights for the same model at a shorter context (fine-tuning GPT-2 at the context a CPU affords):
+    learned positions keep the first block_size rows of their table. Nothing else stored depends on the
+    context (RoPE's table is derived, not saved), so GPT(config at block_size) holding the result computes, on
+    every input of up to block_size tokens, exactly what the full model computes."""
+    positions = state.get("pos_emb.weight")  # (source block_size, d_model); absent with RoPE
+    if positions is None or positions.shape[0] == block_size:
+        return state
+    if not 1 <= block_size < positions.shape[0]:
+        raise ValueError(f"block_size={block_size}: the weights hold {positions.shape[0]} positions; a crop keeps "
+                         f"1 to {positions.shape[0]} of them")
+    return {**state, "pos_emb.weight": positions[:block_size].clone()}  # a copy: the full table can be freed

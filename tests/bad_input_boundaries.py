@@ -150,7 +150,7 @@ RULES_DOC = [
     "parquet, json, csv, text or arrow file is opened with its format's reader and the first one refused is named "
     "with the reason, in one line, streamed or not and with any `data.num_proc` (a worker's traceback is "
     "unwrapped to its last line). Tests: `test_corpus_formats.py`.",
-    "- **Sampling memory** (`model/memory.py`: `generation_bytes`). Before generating, sample.py checks a lower "
+    "- **Sampling memory** (`pretrained/memory.py`: `generation_bytes`). Before generating, sample.py checks a lower "
     "bound of what its `--num-samples` need against the device's memory, with the KV cache (the cache, the "
     "prefill) or without it (`--no-kv-cache`: the whole window's activations at every step). Tests: "
     "`test_generation_memory.py`.",

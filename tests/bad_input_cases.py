@@ -68,7 +68,7 @@ def _torch_save(obj, path: Path) -> None:
 
 def _other_shape_weights(latest: Path, marker: Path) -> None:
     from model import GPT, ModelConfig
-    from model.checkpoint import WEIGHTS_FILE, read_config, save_model
+    from pretrained.checkpoint import WEIGHTS_FILE, read_config, save_model
     config = ModelConfig.from_dict({**read_config(latest)["model"], "d_model": 64})
     scratch = latest.parent / "other_shape"
     save_model(GPT(config), scratch)

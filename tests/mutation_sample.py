@@ -27,7 +27,7 @@ STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 2: "interrupte
 KILLED = ("killed", "timeout", "segfault", "caught by type check")  # what mutmut counts as caught
 # the code added after the first mutation runs (docs/testing.md): name prefixes of its mutants. sample.py's
 # share is its output (run() and the streaming printer), not its argument parsing.
-RECENT = ("insight.", "pretrained.", "model.hf.", "data.sharded.", "training.autotune.", "training.resume.",
+RECENT = ("insight.", "pretrained.", "pretrained.hf.", "data.sharded.", "training.autotune.", "training.resume.",
           "training.evaluate.", "training.state_check.", "sample.x_run__", "sample.xǁStreamPrinterǁ")
 
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from insight.ablation import ABLATION_MODES, ablation_dloss, default_heads_per_pass, token_losses
 from model import GPT, ModelConfig
-from model.attention import HeadPatch
+from model.gpt import HeadPatch
 
 SHAPES = {
     "gqa-rope": dict(n_head=4, n_kv_head=2, pos="rope", norm="rmsnorm", mlp="swiglu"),

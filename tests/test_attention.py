@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model.attention import causal_mask, repeat_kv, scaled_dot_product_attention, stable_softmax
+from model.gpt import causal_mask, repeat_kv, scaled_dot_product_attention, stable_softmax
 
 
 # --- seed vectors (../shared/seeds/) -----------------------------------------------------------------
@@ -67,7 +67,7 @@ def test_fully_masked_row_gives_zero_weights_not_nan():
 # --- an independent reference ----------------------------------------------------------------------
 
 def reference_attention(q, k, v, causal):
-    """float64 einsum + torch.softmax: shares no code with model.attention."""
+    """float64 einsum + torch.softmax: shares no code with model.gpt."""
     q, k, v = q.double(), k.double(), v.double()
     scores = torch.einsum("...id,...jd->...ij", q, k) / q.shape[-1] ** 0.5
     if causal:

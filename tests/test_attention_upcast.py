@@ -1,4 +1,4 @@
-"""The fused attention kernel on float32 copies under a bfloat16 autocast (model.attention.fused_attention,
+"""The fused attention kernel on float32 copies under a bfloat16 autocast (model.gpt.fused_attention,
 GPT.set_fused_attention_float32) and how `dtype: auto` chooses it (training/autotune.py): the upcast computes
 exactly the float32 kernel's result rounded once, it reaches the kernel when set and only then, and the
 choice follows the timings, prints them, survives a save and a resume, and is refused when damaged."""
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import training.autotune as autotune
 from model import GPT, ModelConfig
-from model.attention import causal_mask, fused_attention, scaled_dot_product_attention
+from model.gpt import causal_mask, fused_attention, scaled_dot_product_attention
 from tests.test_autotune import ScriptedSteps
 from training.optim import build_optimizers
 from training.runtime import Runtime

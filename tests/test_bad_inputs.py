@@ -117,7 +117,7 @@ def test_bad_input(case: Case, tmp_path, data_dir, trained_run):
         assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*")), list(tmp_path.iterdir())
     if case.intact or (case.prog == "train.py" and uses(case, "run") and case.damage is None):
         # nothing lost: the run's checkpoint still loads, at its step, with no temporary folders left over
-        from model.checkpoint import load_model
+        from pretrained.checkpoint import load_model
         from training.checkpoint import load_train_state
         run = tmp_path / "run"
         load_model(run / "latest")

@@ -15,7 +15,7 @@ import torch
 import sample
 from data.tokenizer import CharTokenizer
 from model import GPT
-from model.checkpoint import BEST, LATEST, find_checkpoint, load_checkpoint, save_model
+from pretrained.checkpoint import BEST, LATEST, find_checkpoint, load_checkpoint, save_model
 from pretrained.load import open_pretrained
 from tests.helpers import TINY, tiny_config
 from training.config import load_run_config

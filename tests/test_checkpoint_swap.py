@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import model.checkpoint as checkpoint
+import pretrained.checkpoint as checkpoint
 from model import GPT, ModelConfig
-from model.checkpoint import (BEST, CONFIG_FILE, SWAP_RETRIES, WEIGHTS_FILE, CheckpointError, load_checkpoint,
+from pretrained.checkpoint import (BEST, CONFIG_FILE, SWAP_RETRIES, WEIGHTS_FILE, CheckpointError, load_checkpoint,
                               read_config, save_model)
 
 CONFIG = ModelConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, d_model=8)

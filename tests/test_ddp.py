@@ -94,7 +94,7 @@ def test_mfu_under_ddp_is_per_device(tmp_path):
     half of what the global token rate alone would give (a formula that divided every process's FLOPs by one
     device's peak reports world_size times the true MFU)."""
     from model import GPT, ModelConfig
-    from model.checkpoint import read_config
+    from pretrained.checkpoint import read_config
     data_dir = shakespeare_data_dir(tmp_path / "data")
     args = ["configs/tiny.yaml", f"out_dir={tmp_path / 'run'}", "train.max_iters=3", "train.log_interval=1",
             "eval.interval=100", "attn.enabled=false", "train.peak_flops=3e9", "train.compile=false", "dtype=float32"]

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from data.loader import BatchLoader
 from model import GPT
-from model.checkpoint import load_model, save_model
+from pretrained.checkpoint import load_model, save_model
 from tests.helpers import REPO, prepared_shakespeare_dir, tiny_config
 from training.evaluate import EVAL_SEED_OFFSET, evaluate
 from training.runtime import Runtime
@@ -88,7 +88,7 @@ pytestmark = pytest.mark.usefixtures("data_env")  # conftest.py: ATTNGPT_DATA_DI
 
 EVAL_RANK_1 = """
 from data.prepare import prepare_data
-from model.checkpoint import load_model
+from pretrained.checkpoint import load_model
 from tests.helpers import tiny_config
 from training.evaluate import evaluate
 

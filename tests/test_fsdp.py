@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.checkpoint import load_model
+from pretrained.checkpoint import load_model
 from tests.helpers import (REPO, assert_one_line_error, kill_tree, needs_cpu_fsdp, prepared_shakespeare_dir,
                            run_cli)
 

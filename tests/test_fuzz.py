@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from common.errors import UserError
 from data.tokenizer import CharTokenizer, TiktokenTokenizer
 from model import GPT, ModelConfig
-from model.checkpoint import save_model
+from pretrained.checkpoint import save_model
 from tests.helpers import TINY
 from training.config import RunConfig, load_run_config
 

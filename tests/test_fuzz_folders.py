@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 pytest.importorskip("tokenizers", reason="the hf extra (tokenizers) is not installed")
 
 from common.errors import UserError  # noqa: E402
-from model.checkpoint import CheckpointError  # noqa: E402
+from pretrained.checkpoint import CheckpointError  # noqa: E402
 from pretrained.load import open_pretrained  # noqa: E402
 from tests.bad_input_hf import _GPT2, _LLAMA  # noqa: E402
 

@@ -319,7 +319,7 @@ def test_cache_buffers_are_not_saved_in_the_state_dict():
 
 
 def reference_maps(model: GPT, idx: torch.Tensor) -> dict[int, torch.Tensor]:
-    """{layer: (B, n_head, T, T)} float64, recomputed without model/attention.py: each layer's input is
+    """{layer: (B, n_head, T, T)} float64, recomputed without model/gpt.py: each layer's input is
     taken by a forward hook on blocks[L].attn (it is already normalised), then qkv projection -> RoPE
     (channel pairs (2i, 2i+1) rotated by pos * theta^(-2i/D), in float64) -> softmax(q k^T / sqrt(d)) with the future masked."""
     cfg = model.config

@@ -1,4 +1,4 @@
-"""The memory sample.py checks before generating (model/memory.py: generation_bytes), with the KV cache and
+"""The memory sample.py checks before generating (pretrained/memory.py: generation_bytes), with the KV cache and
 without it: a lower bound of what generation really allocates (measured as the peak resident memory it adds
 in a fresh process); and sample.py refuses exactly past the bound, for either path."""
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from model import GPT, ModelConfig
-from model.checkpoint import save_model
-from model.memory import generation_bytes, kv_cache_bytes, param_count
+from pretrained.checkpoint import save_model
+from pretrained.memory import generation_bytes, kv_cache_bytes, param_count
 from data.tokenizer import CharTokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -99,8 +99,8 @@ def run_sample(argv: list[str]) -> tuple[int, str]:
 def test_sample_refuses_exactly_beyond_the_bound_of_its_path(checkpoint, monkeypatch, no_cache):
     """With the device's memory set to the bound, the samples run; one byte less, they are refused before
     anything is allocated. The bounds of the two paths differ, so a check of the other path's would fail."""
-    import model.memory as memory
-    from model.checkpoint import read_config
+    import pretrained.memory as memory
+    from pretrained.checkpoint import read_config
     config = ModelConfig.from_dict(read_config(checkpoint)["model"])
     prompt, n, new = "abc abc", 40, 30
     needed = param_count(config) * 4 + generation_bytes(config, n, len(prompt), new, 4, kv_cache=not no_cache)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from model.checkpoint import load_model
+from pretrained.checkpoint import load_model
 from tests.helpers import REPO, needs_cpu_fsdp, run_cli
 
 FILES, DOCS = 3, 800  # 2,400 documents: val_fraction 0.0005 puts exactly one (document 1999) in val

@@ -18,9 +18,9 @@ transformers = transformers_or_skip()
 from common.errors import UserError  # noqa: E402
 from data.tokenizer import CharTokenizer  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
-from model.checkpoint import save_model  # noqa: E402
+from pretrained.checkpoint import save_model  # noqa: E402
 from model.generate import generate  # noqa: E402
-from model.hf import to_transformers  # noqa: E402
+from pretrained.hf.transformers_model import to_transformers  # noqa: E402
 from pretrained.convert import from_hf, to_hf  # noqa: E402
 from pretrained.load import open_pretrained  # noqa: E402
 

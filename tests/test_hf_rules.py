@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from common.errors import UserError
 from model import GPT, ModelConfig
-from model.hf.config_map import hf_config_from_model, model_config_from_hf
+from pretrained.hf.config_map import hf_config_from_model, model_config_from_hf
 from tests.hf_models import make_gpt2, transformers_or_skip
 
 WHERE = "some/folder/config.json"
@@ -100,8 +100,8 @@ def test_an_exported_config_holds_only_what_transformers_knows(shape):
 # --- the weights beside config.json ---------------------------------------------------------------------
 
 def test_a_weights_mismatch_names_what_is_missing_and_what_is_unexpected(tmp_path):
-    from model.hf.load import check_hf_weights
-    from model.hf.source import read_hf_config
+    from pretrained.hf.load import check_hf_weights
+    from pretrained.hf.source import read_hf_config
     folder = make_gpt2(tmp_path / "gpt2", tokenizer=False)
     weights = load_file(folder / "model.safetensors")
     hf = read_hf_config(folder)
@@ -123,7 +123,7 @@ def test_a_weights_mismatch_names_what_is_missing_and_what_is_unexpected(tmp_pat
 
 
 def test_a_config_json_that_is_not_json_is_refused_naming_the_error(tmp_path):
-    from model.hf.source import read_hf_config
+    from pretrained.hf.source import read_hf_config
     (tmp_path / "config.json").write_text('{"model_type": "gpt2",', encoding="utf-8")
     with pytest.raises(UserError, match=r"config.json '.*config.json' is not valid JSON: Expecting "):
         read_hf_config(tmp_path)
@@ -132,7 +132,7 @@ def test_a_config_json_that_is_not_json_is_refused_naming_the_error(tmp_path):
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
 def test_the_attention_implementation_reaches_transformers(attn_implementation):
     transformers_or_skip()
-    from model.hf import to_transformers
+    from pretrained.hf.transformers_model import to_transformers
     model = GPT(ModelConfig(vocab_size=70, block_size=16, n_layer=1, n_head=2, d_model=16, pos="learned",
                             norm="layernorm", mlp="gelu", bias=True))
     hf_model = to_transformers(model, attn_implementation=attn_implementation)

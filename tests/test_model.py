@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from model import GPT, ModelConfig
-from model.attention import CausalSelfAttention
+from model.gpt import CausalSelfAttention
 
 
 def tiny(**overrides) -> ModelConfig:

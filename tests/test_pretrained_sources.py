@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from common.errors import UserError
 from data.tokenizer import CharTokenizer
 from model import GPT, ModelConfig
-from model.checkpoint import save_model
+from pretrained.checkpoint import save_model
 from pretrained.load import DUMP_DIR, Pretrained, open_pretrained
 from tests.hf_models import make_llama, transformers_or_skip
 

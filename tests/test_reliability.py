@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from common.errors import UserError
-from model.checkpoint import find_checkpoint, load_model, read_config
+from pretrained.checkpoint import find_checkpoint, load_model, read_config
 from tests.helpers import REPO, default_sigint, fresh_copy, prepared_shakespeare_dir, run_cli, tiny_config
 from training.checkpoint import BEST, LATEST, STATE_FILE, TEST_SAVE_DELAY_ENV, load_train_state, save_checkpoint
 from training.trainer import train
@@ -267,10 +267,10 @@ def test_write_error_during_a_save_keeps_the_previous_checkpoint(tmp_path, train
     state = {**load_train_state(out / LATEST), "step": 99}
     from safetensors import SafetensorError
     failures = [
-        ("model.checkpoint.save_file", disk_full),  # weights
+        ("pretrained.checkpoint.save_file", disk_full),  # weights
         ("torch.save", disk_full),  # training state
         # what the libraries really raise on a full disk: not OSError
-        ("model.checkpoint.save_file", lambda *a, **k: (_ for _ in ()).throw(
+        ("pretrained.checkpoint.save_file", lambda *a, **k: (_ for _ in ()).throw(
             SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"))),
         ("torch.save", lambda *a, **k: (_ for _ in ()).throw(
             RuntimeError("[enforce fail at inline_container.cc:778] . PytorchStreamWriter failed writing file"))),

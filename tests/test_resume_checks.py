@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from model import GPT
-from model.checkpoint import CheckpointError
+from pretrained.checkpoint import CheckpointError
 from tests.helpers import prepared_shakespeare_dir, tiny_config
 from training.checkpoint import LATEST, load_train_state
 from training.optim import build_optimizers

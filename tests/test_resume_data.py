@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from common.errors import UserError
-from model.checkpoint import read_config
+from pretrained.checkpoint import read_config
 from tests.helpers import prepared_shakespeare_dir, tiny_config
 from training.checkpoint import LATEST
 from training.resume import check_same_data, data_fingerprint

@@ -6,7 +6,7 @@ import math
 import torch
 
 from model import GPT, ModelConfig
-from model.rope import apply_rope, rope_frequencies, rotate_complex, rotate_real
+from model.gpt import apply_rope, rope_frequencies, rotate_complex, rotate_real
 
 
 def test_real_and_complex_rotations_are_equal():

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.checkpoint import load_checkpoint, read_config
+from pretrained.checkpoint import load_checkpoint, read_config
 from tests.helpers import REPO, assert_one_line_error, fresh_copy, prepared_shakespeare_dir, run_cli
 from training.checkpoint import BEST, LATEST, TEST_SAVE_DELAY_ENV, load_train_state
 from training.run_lock import LOCK_FILE

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from common.errors import UserError
-from model.checkpoint import find_checkpoint, read_config
+from pretrained.checkpoint import find_checkpoint, read_config
 from tests.helpers import fresh_copy, prepared_shakespeare_dir, tiny_config
 from training.checkpoint import BEST, LATEST, checkpoint_dir, load_train_state
 from training.run_lock import LOCK_FILE, lock_run_dir

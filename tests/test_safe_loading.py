@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.checkpoint import CheckpointError, load_model
+from pretrained.checkpoint import CheckpointError, load_model
 from tests.helpers import Plant, fresh_copy, prepared_shakespeare_dir
 from training.checkpoint import LATEST, STATE_FILE, load_train_state
 

@@ -2,7 +2,7 @@
 happy paths (prompt file, several samples, cache vs no cache, long prompts, attention dumps) work.
 
 Each case starts a Python process (~2 s, most of it `import torch`), so checks are grouped where natural
-and generations are short. The checkpoint is a tiny random model saved with model.checkpoint.save_model:
+and generations are short. The checkpoint is a tiny random model saved with pretrained.checkpoint.save_model:
 no training needed. Its matrices are re-drawn with std 0.3 so greedy text is varied (GPT-2's init gives
 one character repeated, which would make "same text with and without the cache" prove little).
 """
@@ -23,7 +23,7 @@ import torch
 from data.tokenizer import CharTokenizer
 from insight.value_weighted import value_norms
 from model import GPT, ModelConfig
-from model.checkpoint import WEIGHTS_FILE, load_model, save_model
+from pretrained.checkpoint import WEIGHTS_FILE, load_model, save_model
 
 REPO = Path(__file__).resolve().parents[1]
 CHARS = "\n !',-.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # tinyshakespeare's 65, less "&3$"

@@ -17,7 +17,7 @@ import torch
 import sample
 from data.tokenizer import TiktokenTokenizer
 from model import GPT, ModelConfig
-from model.checkpoint import load_model, save_model
+from pretrained.checkpoint import load_model, save_model
 from model.generate import generate
 
 WORDS = {" to": 0.2, " be": 0.2, " or": 0.15, " not": 0.15, ",": 0.1}  # and <|endoftext|>: the remaining 0.2

@@ -1,5 +1,5 @@
 """Every model setting changes the model: each test fails when its setting is ignored or off by one. And the
-memory bound every loader checks first (model/memory.py) counts exactly the parameters GPT allocates."""
+memory bound every loader checks first (pretrained/memory.py) counts exactly the parameters GPT allocates."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,10 +12,10 @@ import torch.nn.functional as F
 
 from common.errors import UserError
 from model import GPT, ModelConfig
-from model.attention import CausalSelfAttention
+from model.gpt import CausalSelfAttention
 from model.generate import generate
-from model.memory import MODULE_BYTES_PER_LAYER, check_fits_in_memory, kv_cache_bytes, param_count
-from model.rope import rope_frequencies
+from pretrained.memory import MODULE_BYTES_PER_LAYER, check_fits_in_memory, kv_cache_bytes, param_count
+from model.gpt import rope_frequencies
 
 
 def config(**overrides) -> ModelConfig:
@@ -154,6 +154,6 @@ def test_the_bound_counts_what_building_a_layer_allocates_beside_its_numbers():
 
 
 def test_memory_is_stated_in_decimal_units():
-    from model.memory import human_bytes
+    from pretrained.memory import human_bytes
     assert [human_bytes(n) for n in (0, 999, 1000, 1_500_000, 24e9, 3.2e13, 4e15, 7e21)] == [
         "0 B", "999 B", "1.0 kB", "1.5 MB", "24.0 GB", "32.0 TB", "4.0 PB", "7000.0 EB"]

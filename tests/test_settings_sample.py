@@ -15,7 +15,7 @@ import torch
 import sample
 from data.tokenizer import CharTokenizer
 from model import GPT, ModelConfig
-from model.checkpoint import load_model, save_model
+from pretrained.checkpoint import load_model, save_model
 from model.generate import generate
 
 CHARS = "\n !',-.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"

@@ -17,7 +17,7 @@ import torch
 from common.errors import UserError
 from data.loader import BatchLoader
 from model import GPT
-from model.checkpoint import read_config
+from pretrained.checkpoint import read_config
 from tests.helpers import prepared_shakespeare_dir, tiny_config
 from training.checkpoint import BEST, LATEST, load_train_state
 from training.evaluate import EVAL_SEED_OFFSET, evaluate

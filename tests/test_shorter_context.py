@@ -1,5 +1,5 @@
 """Fine-tuning at a shorter context: train.init_from with a model.block_size below the source's
-(training/init_from.py, model.gpt.crop_block_size). The cropped model computes exactly what the source does on
+(training/init_from.py, pretrained.load.crop_block_size). The cropped model computes exactly what the source does on
 every input its window holds; a run's checkpoints hold the smaller block_size, and sample.py and
 convert.py to-hf use it; a larger block_size is refused. Sources: tiny local GPT-2 and Llama folders
 (tests/hf_models.py) and an attngpt checkpoint with learned positions."""
@@ -21,9 +21,9 @@ transformers = transformers_or_skip()
 from common.errors import UserError  # noqa: E402
 from data.tokenizer import CharTokenizer  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
-from model.checkpoint import save_model  # noqa: E402
+from pretrained.checkpoint import save_model  # noqa: E402
 from model.generate import generate  # noqa: E402
-from model.gpt import crop_block_size  # noqa: E402
+from pretrained.load import crop_block_size  # noqa: E402
 from pretrained.load import open_pretrained  # noqa: E402
 from training.config import load_run_config  # noqa: E402
 from training.trainer import train  # noqa: E402

@@ -11,7 +11,7 @@ import torch
 
 from common.overrides import apply_overrides
 from common.errors import UserError
-from model.checkpoint import load_model
+from pretrained.checkpoint import load_model
 from tests.helpers import TINY, assert_one_line_error, run_cli, shakespeare_data_dir
 from training.checkpoint import load_train_state
 from training.config import load_run_config

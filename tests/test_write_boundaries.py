@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from common.errors import UserError
 from common.paths import CHECKPOINT_NAMES, MODEL_FILES, RUN_CONFIG, RUN_LOCK, enclosing_run, expand_path
-from model.hf.export import CONVERT_MARK, check_out_dir
+from pretrained.hf.export import CONVERT_MARK, check_out_dir
 from tests.helpers import prepared_shakespeare_dir
 
 # what each generated mark puts into its folder; the first group marks a run or model folder, the second not
@@ -136,7 +136,7 @@ def test_convert_out_dir_rule_on_generated_layouts(tmp_path_factory, layout, for
 
 def test_the_rule_knows_the_files_runs_and_checkpoints_write():
     """The names common/paths.py recognises a run by are the ones the writers use."""
-    from model.checkpoint import BEST, LATEST, WEIGHTS_FILE
+    from pretrained.checkpoint import BEST, LATEST, WEIGHTS_FILE
     from training.checkpoint import STATE_FILE
     from training.dist_checkpoint import STATE_FILE as FSDP_STATE_FILE
     from training.run_lock import LOCK_FILE

@@ -93,7 +93,7 @@ def fused_attention_timings(config: Any, batch_size: int, seq_len: int, dtype: s
     training steps are (_time_rounds). Why: CPU flash attention's bfloat16 backward ran slower than its
     float32 one at head_dim 32 (GQA 4/2, block 256: 65 against 44 ms a step of small.yaml), which no
     whole-step comparison of dtypes can separate from the matmuls, where bfloat16 wins."""
-    from model.attention import fused_attention
+    from model.gpt import fused_attention
     gen = torch.Generator(device=device).manual_seed(0)
     amp = DTYPES[dtype]
 

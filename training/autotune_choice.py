@@ -21,7 +21,7 @@ from training.writes import could_not_write
 CHOICE_FILE = "autotune.json"
 MIN_GAIN = 1.05  # a candidate must beat float32 eager by 5% (timing noise on a shared machine is a few %)
 UNITS = ("ms/step", "ms/call")
-FLOAT32_ATTENTION = "float32 attention"  # the fused kernel on float32 copies of q, k, v (model.attention)
+FLOAT32_ATTENTION = "float32 attention"  # the fused kernel on float32 copies of q, k, v (model/gpt.py)
 
 
 @dataclass

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from common.errors import UserError
-from model.checkpoint import BEST, LATEST, CheckpointError, fsync_dir, fsync_file, save_model
+from pretrained.checkpoint import BEST, LATEST, CheckpointError, fsync_dir, fsync_file, save_model
 from model.gpt import GPT
 from training.run_lock import RunDirLock
 
@@ -108,7 +108,7 @@ def _test_pause() -> None:
 def checkpoint_dir(lock: RunDirLock, name: str) -> Path | None:
     """The complete checkpoint `name` of the locked run directory, finishing a save that a crash interrupted.
 
-    Only the writer calls this, holding the run's lock (readers use model.checkpoint.find_checkpoint, which
+    Only the writer calls this, holding the run's lock (readers use pretrained.checkpoint.find_checkpoint, which
     reads a half-swapped checkpoint where it lies). A save died:
       - between its two renames (`name` missing, `.name.old` complete): `.name.old` is renamed back;
       - after both renames (`name` and `.name.old`): the new `name` is complete, `.name.old` is removed;

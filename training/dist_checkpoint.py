@@ -32,7 +32,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from common.errors import UserError
-from model.checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, fsync_file
+from pretrained.checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, fsync_file
 from training.checkpoint import WRITE_ERRORS, _reason, fsync_dir, rename_in
 from training.runtime import Runtime, rng_state, set_rng_state
 from training.state_check import check_counters
@@ -47,7 +47,7 @@ def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
 
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if model.config.tie_embeddings:
-        state.pop("lm_head.weight", None)  # the same tensor as tok_emb.weight (model/checkpoint.py saves it once)
+        state.pop("lm_head.weight", None)  # the same tensor as tok_emb.weight (pretrained/checkpoint.py saves it once)
     return {name: tensor.detach().contiguous() for name, tensor in state.items()}
 
 

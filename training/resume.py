@@ -17,7 +17,7 @@ import torch.nn as nn
 
 from common.errors import UserError
 from data.prepare import PreparedData
-from model.checkpoint import WEIGHTS_FILE, CheckpointError, load_weights, read_config
+from pretrained.checkpoint import WEIGHTS_FILE, CheckpointError, load_weights, read_config
 from model.config import ModelConfig
 from model.gpt import GPT
 from training.checkpoint import STATE_FILE, load_train_state

@@ -7,7 +7,7 @@ gets ("in use by pid N").
 
 Whatever would change a run directory (checkpoint saves, recovering a checkpoint swap that a crash
 interrupted, metrics, attention snapshots) happens in the process that holds this lock. Under torchrun only
-rank 0 takes it (the only rank that writes); readers (sample.py, model.checkpoint) never take it and never
+rank 0 takes it (the only rank that writes); readers (sample.py, pretrained.checkpoint) never take it and never
 write.
 """
 from __future__ import annotations

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from model.checkpoint import CheckpointError
+from pretrained.checkpoint import CheckpointError
 from training.muon import Muon
 from training.optim import Optimizers
 

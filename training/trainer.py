@@ -21,7 +21,7 @@ from data.prepare import PreparedData, prepare_data
 from data.tokenizer_json import stored_tokenizer
 from model.config import ModelConfig
 from model.gpt import GPT
-from model.memory import BYTES_FP32, TRAINING_BYTES_PER_PARAM, check_fits_in_memory
+from pretrained.memory import BYTES_FP32, TRAINING_BYTES_PER_PARAM, check_fits_in_memory
 from training.checkpoint import BEST, LATEST, checkpoint_dir, save_checkpoint
 from training.config import RunConfig, config_to_yaml
 from training.dist_checkpoint import STATE_FILE as FSDP_STATE_FILE, save_sharded

@@ -38,7 +38,7 @@ from insight.heatmap import token_label
 from insight.roles import ROLE_LABELS, ROLE_THRESHOLDS, role_label
 from insight.stats import STAT_NAMES, head_stats
 from insight.value_weighted import internals_value_norms
-from model.attention import AttentionInternals
+from model.gpt import AttentionInternals
 
 WINDOW = 256  # tokens shown at most: 12 layers x 12 heads x 256 tokens stays under 10 MB
 MAX_BYTES = 10_000_000  # the file's size budget; q/k/v of heads are left out beyond it (the weights never are)

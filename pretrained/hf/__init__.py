@@ -10,8 +10,3 @@ only by `to_transformers`; reading and writing use safetensors and JSON (hugging
     export.py              GPT -> HF tensors + config; atomic folder writing
     transformers_model.py  GPT -> transformers model in memory
 """
-from model.hf.export import hf_files, hf_state_dict, write_model_folder
-from model.hf.load import load_hf_model
-from model.hf.transformers_model import to_transformers
-
-__all__ = ["load_hf_model", "hf_files", "hf_state_dict", "write_model_folder", "to_transformers"]

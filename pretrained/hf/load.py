@@ -14,11 +14,11 @@ import torch
 from common.errors import UserError
 from model.config import ModelConfig
 from model.gpt import GPT
-from model.hf import gpt2_weights, llama_weights
-from model.hf.config_map import hf_model_type, model_config_from_hf
-from model.hf.source import CONFIG, read_hf_config, read_tensors, tensor_infos, weight_files
-from model.memory import check_fits_in_memory
-from model.safetensors_file import FLOAT_DTYPES, layer_count
+from pretrained.hf import gpt2_weights, llama_weights
+from pretrained.hf.config_map import hf_model_type, model_config_from_hf
+from pretrained.hf.source import CONFIG, read_hf_config, read_tensors, tensor_infos, weight_files
+from pretrained.memory import check_fits_in_memory
+from pretrained.safetensors_file import FLOAT_DTYPES, layer_count
 
 
 def weights_module(kind: str) -> ModuleType:

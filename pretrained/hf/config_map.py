@@ -17,7 +17,7 @@ from typing import Any
 from common.errors import UserError
 from common.schema import check
 from model.config import ModelConfig
-from model.hf.config_schema import KIND, SCHEMAS
+from pretrained.hf.config_schema import KIND, SCHEMAS
 
 ARCHITECTURES = {"GPT2LMHeadModel": "gpt2", "LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral"}
 SUPPORTED = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM (without a sliding window)"

@@ -19,8 +19,8 @@ import torch
 from common.errors import UserError
 from common.json_file import read_json as read_bounded_json
 from common.schema import DictOf, Fields, Str, check
-from model.checkpoint import MAX_CONFIG_BYTES
-from model.safetensors_file import TensorInfo, open_safetensors, read_header
+from pretrained.checkpoint import MAX_CONFIG_BYTES
+from pretrained.safetensors_file import TensorInfo, open_safetensors, read_header
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"

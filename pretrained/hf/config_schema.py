@@ -3,7 +3,7 @@ checked before any of it is used, so a damaged or hostile file is one line namin
 `architectures is 'GPT2LMHeadModel' (a string), expected a list`), never a traceback or a silent conversion
 (16.5 read as 16, "2" as 2, true as 1). Keys attngpt does not read are left alone: real configs carry dozens.
 Sizes have no upper bound here: the model they make is checked against memory before anything is built
-(model/memory.py).
+(pretrained/memory.py).
 """
 from __future__ import annotations
 

@@ -21,10 +21,10 @@ import torch
 
 from common.errors import UserError
 from common.paths import check_outside_runs, is_own_folder
-from model.checkpoint import fsync_dir
+from pretrained.checkpoint import fsync_dir
 from model.gpt import GPT
-from model.hf.config_map import hf_architecture, hf_config_from_model
-from model.hf.load import weights_module
+from pretrained.hf.config_map import hf_architecture, hf_config_from_model
+from pretrained.hf.load import weights_module
 
 
 def hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:

@@ -27,8 +27,8 @@ from common.errors import UserError
 from common.json_file import FileContentError, MissingFileError, read_json
 from model.config import ModelConfig
 from model.gpt import GPT
-from model.memory import check_fits_in_memory
-from model.safetensors_file import FLOAT_DTYPES, TensorInfo, layer_count, not_float, read_header
+from pretrained.memory import check_fits_in_memory
+from pretrained.safetensors_file import FLOAT_DTYPES, TensorInfo, layer_count, not_float, read_header
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -192,7 +192,7 @@ def load_weights(model: GPT, path: str | Path) -> None:
 def read_weights(path: str | Path, config: ModelConfig) -> dict[str, torch.Tensor]:
     """The safetensors weights at `path` of a GPT(config), checked as load_weights checks them (against a model
     built on the meta device: nothing allocated), without loading them into a model: a caller may crop them
-    first (model.gpt.crop_block_size). The tied lm_head is not among them."""
+    first (pretrained.load.crop_block_size). The tied lm_head is not among them."""
     path = _weights_path(Path(path))
     header = read_header(path, CheckpointError)
     with torch.device("meta"):

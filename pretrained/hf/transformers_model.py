@@ -1,7 +1,7 @@
 """The transformers model (GPT2LMHeadModel / LlamaForCausalLM) equal to an attngpt GPT, built in memory:
 for comparing against Hugging Face (logits, `generate`, speed) with identical weights.
 
-    from model.hf import to_transformers
+    from pretrained.hf.transformers_model import to_transformers
     hf_model = to_transformers(model)            # eval mode, same device and dtype as model
 """
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 from common.errors import UserError
 from model.gpt import GPT
-from model.hf.config_map import hf_config_from_model
-from model.hf.export import hf_state_dict
+from pretrained.hf.config_map import hf_config_from_model
+from pretrained.hf.export import hf_state_dict
 
 HF_EXTRA = "pip install -e '.[hf]'"
 
