@@ -38,8 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from common.config_io import coerce, from_dict, load_yaml
-from common.overrides import apply_overrides
+from common.config_io import apply_overrides, coerce, from_dict, load_yaml
 from common.errors import ArgumentParser, UserError, user_errors_exit
 from data.config import DataConfig
 from data.pipeline import bin_dtype, datasets_progress, write_text_shards

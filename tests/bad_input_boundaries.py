@@ -117,7 +117,7 @@ RULES_DOC = [
     "`convert.py --force` replaces only a folder convert.py wrote itself (it holds `.attngpt-convert.json` and no "
     "subfolder), and never the source of the conversion, a folder inside it or one holding it. Tests: "
     "`test_write_boundaries.py`.",
-    "- **What an override's text means** (`common/overrides.py`). For a setting that takes a "
+    "- **What an override's text means** (`common/config_io.py`). For a setting that takes a "
     "string (`out_dir`, the data paths and names, `device`, `train.init_from`, `wandb.*`, `attn.probe_text`, the "
     "choices such as `dtype`) the value is the literal text: `out_dir=runs/exp #2` is the folder `runs/exp #2`, and "
     "quotes are part of the text. An empty value, `null`, `Null`, `NULL` and `~` are null for every key: "

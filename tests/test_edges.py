@@ -11,7 +11,7 @@ import pytest
 
 import sample
 from common.config_io import MAX_CONFIG_BYTES, load_yaml
-from common.overrides import apply_overrides
+from common.config_io import apply_overrides
 from common.errors import UserError
 from tests.helpers import fresh_copy, prepared_shakespeare_dir, tiny_config
 from training.checkpoint import LATEST, load_train_state

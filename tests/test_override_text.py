@@ -1,4 +1,4 @@
-"""What an override's text means (common/overrides.py): the literal text for string keys, YAML
+"""What an override's text means (common/config_io.py): the literal text for string keys, YAML
 for the others, refused when YAML would cut or fold it; null's spellings are null; `~` is the home folder in
 every path setting. Generated override strings against the rule, then one real run whose out_dir is
 `~/runs/exp #2`, sampled with the command the run prints."""
@@ -14,8 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.config_io import PATH
-from common.overrides import NULL_TEXTS, annotation_at, apply_overrides
+from common.config_io import NULL_TEXTS, PATH, annotation_at, apply_overrides
 from common.errors import UserError
 from data.prepare import read_data_section
 from tests.helpers import TINY, prepared_shakespeare_dir, run_cli

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.overrides import apply_overrides
+from common.config_io import apply_overrides
 from common.errors import UserError
 from pretrained.checkpoint import load_model
 from tests.helpers import TINY, assert_one_line_error, run_cli, shakespeare_data_dir

@@ -17,8 +17,7 @@ from typing import Any, Literal
 
 import yaml
 
-from common.config_io import PATH, closest, coerce, from_dict, load_yaml, to_dict
-from common.overrides import apply_overrides
+from common.config_io import PATH, apply_overrides, closest, coerce, from_dict, load_yaml, to_dict
 from common.errors import UserError
 from data.config import DataConfig
 from model.config import ModelConfig
