@@ -11,7 +11,7 @@ its training process writes.
                                (common/config_io.py: PATH), command-line flags through `path_argument`.
 `enclosing_run(path)`          the run or model folder that `path` lies in (the folder itself or one above it),
                                and why it is one; None when it lies in none. What marks such a folder:
-                                 - `.train.lock` (a training run's lock: training/run_lock.py);
+                                 - `.train.lock` (a training run's lock: training/run_dir.py);
                                  - `config.yaml` beside a `latest/` or `best/` that holds `model.safetensors`
                                    (a run's out_dir copied without its lock);
                                  - a checkpoint's or model's files: `model.safetensors` (or its sharded index),
@@ -33,7 +33,7 @@ from typing import Callable
 
 from common.errors import UserError
 
-RUN_LOCK = ".train.lock"  # training/run_lock.py
+RUN_LOCK = ".train.lock"  # training/run_dir.py
 RUN_CONFIG = "config.yaml"  # the resolved config a run writes into its out_dir
 CHECKPOINT_NAMES = ("latest", "best")
 # files only a checkpoint or a model folder holds (pretrained/checkpoint.py, training/checkpoint.py,

@@ -91,7 +91,7 @@ PLANTS = [
     Plant("swap-recovery", "the recovery of an interrupted checkpoint swap skipped", "training/checkpoint.py",
           "        os.replace(old, final)  # the newest complete checkpoint", "        pass  # (planted)",
           ("tests/test_run_lock.py",)),
-    Plant("autotune-gain", "auto keeps a candidate that is not faster", "training/autotune_choice.py",
+    Plant("autotune-gain", "auto keeps a candidate that is not faster", "training/autotune.py",
           "MIN_GAIN = 1.05", "MIN_GAIN = 0.5", ("tests/test_autotune.py",)),
     Plant("autotune-compile-gain", "auto compiles when the compiled step is faster by any margin",
           "training/autotune.py", "kept = _fastest(pair, best)", "kept = min(pair, key=pair.get)",

@@ -19,7 +19,7 @@ import torch
 from pretrained.checkpoint import load_checkpoint, read_config
 from tests.helpers import REPO, assert_one_line_error, fresh_copy, prepared_shakespeare_dir, run_cli
 from training.checkpoint import BEST, LATEST, TEST_SAVE_DELAY_ENV, load_train_state
-from training.run_lock import LOCK_FILE
+from training.run_dir import LOCK_FILE
 
 RUN_ARGS = ["train.log_interval=1", "attn.enabled=false", "wandb.mode=disabled", "train.peak_flops=1e12"]
 

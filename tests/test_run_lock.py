@@ -15,7 +15,7 @@ from common.errors import UserError
 from pretrained.checkpoint import find_checkpoint, read_config
 from tests.helpers import fresh_copy, prepared_shakespeare_dir, tiny_config
 from training.checkpoint import BEST, LATEST, checkpoint_dir, load_train_state
-from training.run_lock import LOCK_FILE, lock_run_dir
+from training.run_dir import LOCK_FILE, lock_run_dir
 from training.trainer import train
 
 

@@ -139,7 +139,7 @@ def test_the_rule_knows_the_files_runs_and_checkpoints_write():
     from pretrained.checkpoint import BEST, LATEST, WEIGHTS_FILE
     from training.checkpoint import STATE_FILE
     from training.dist_checkpoint import STATE_FILE as FSDP_STATE_FILE
-    from training.run_lock import LOCK_FILE
+    from training.run_dir import LOCK_FILE
     assert LOCK_FILE == RUN_LOCK and set(CHECKPOINT_NAMES) == {LATEST, BEST}
     assert {WEIGHTS_FILE, STATE_FILE, FSDP_STATE_FILE} <= set(MODEL_FILES)
 

@@ -47,7 +47,7 @@ from model.gpt import GPT
 from training.config import RunConfig
 from training.logger import RunLogger
 from training.runtime import Runtime
-from training.writes import could_not_write
+from training.run_dir import could_not_write
 
 STATS_FILE = "stats.csv"
 STATS_COLUMNS = ("step", "layer", "head", *STAT_NAMES, *ROLE_NAMES, "ablation_dloss")

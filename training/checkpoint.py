@@ -6,7 +6,7 @@
 A save writes a complete folder `.latest.tmp`, fsyncs it, then swaps it in with two renames
 (latest -> .latest.old, .latest.tmp -> latest). A crash at any moment leaves either the old or the new
 checkpoint complete on disk: `latest` itself, or `.latest.old` between the two renames, which
-`checkpoint_dir` recovers when the next run starts (the writer, under the run's lock: training/run_lock.py). `train_state.pt` holds only tensors, numbers, strings, lists and dicts, and
+`checkpoint_dir` recovers when the next run starts (the writer, under the run's lock: training/run_dir.py). `train_state.pt` holds only tensors, numbers, strings, lists and dicts, and
 is read with `torch.load(weights_only=True)`, which refuses anything else instead of executing it.
 
 Test hook: with `ATTNGPT_TEST_SAVE_DELAY=<seconds>` in the environment, a save sleeps that long once the
@@ -29,7 +29,7 @@ import torch
 from common.errors import UserError
 from pretrained.checkpoint import BEST, LATEST, CheckpointError, fsync_dir, fsync_file, save_model
 from model.gpt import GPT
-from training.run_lock import RunDirLock
+from training.run_dir import RunDirLock
 
 try:
     from safetensors import SafetensorError

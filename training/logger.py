@@ -5,7 +5,7 @@ exist, else offline with a line on how to `wandb sync`). Never an interactive pr
 package is missing (some GPU images lack it), or online mode cannot reach the server within
 `wandb.init_timeout` seconds (the run says it is waiting), the run goes on with a warning. Ctrl-C or SIGTERM
 while it waits stop the run at once (exit 130 / 143): only wandb's own errors are caught, never those.
-A write to metrics.jsonl that fails (a full disk) stops the run with one line (training/writes.py).
+A write to metrics.jsonl that fails (a full disk) stops the run with one line (training/run_dir.py).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from typing import Any, Callable
 from tqdm.auto import tqdm
 
 from training.config import RunConfig, config_as_dict
-from training.writes import could_not_write, write_error
+from training.run_dir import could_not_write, write_error
 
 
 def wandb_credentials_present() -> bool:

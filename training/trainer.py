@@ -31,13 +31,12 @@ from training.logger import RunLogger
 from training.optim import Optimizers, build_optimizers, lr_factor
 from training.parallel import MonitorFollower, agreed_stop, is_sharded, shard_model
 from training.resume import data_fingerprint, resume, resume_sharded
-from training.run_lock import RunDirLock, lock_run_dir
 from training.step import accumulate_gradients, apply_gradients
 from training.stop import StopRequested
 from training.autotune import decide_precision, needs_measurement
 from training.runtime import (Runtime, measure_peak_flops, rng_state, seed_everything, setup_runtime, synchronize,
                               teardown_runtime)
-from training.writes import could_not_write, make_out_dir
+from training.run_dir import RunDirLock, could_not_write, lock_run_dir, make_out_dir
 
 
 @dataclass
@@ -77,7 +76,7 @@ def train(cfg: RunConfig, should_stop: Callable[[int], bool] | None = None) -> T
     lock: RunDirLock | None = None
     finished = False
     try:
-        if rt.is_main:  # the one writer of out_dir (training/run_lock.py); the other ranks only read
+        if rt.is_main:  # the one writer of out_dir (training/run_dir.py); the other ranks only read
             make_out_dir(Path(cfg.out_dir))
             lock = lock_run_dir(cfg.out_dir)
         run = setup(cfg, rt, lock)
