@@ -2,7 +2,8 @@
 
     config.py     DataConfig, the `data:` section of a run's YAML
     tokenizer.py  CharTokenizer and TiktokenTokenizer (GPT-2 BPE) behind one interface, as JSON
-    sources.py    the data folder, tinyshakespeare, local text files and `datasets` sources
+    sources.py    the data folder, tinyshakespeare, local text files and `datasets` sources (corpus.py: a
+                  resolved Corpus; source_errors.py: why one failed to load or read, naming the file)
     splitting.py  deterministic train/val splits and safe cuts of long texts
     pipeline.py   encoding a continuous text into shards; helpers shared by every encoding pass
     sharded.py    document corpora encoded part by part in worker processes, resumable (workers.py: the pool)

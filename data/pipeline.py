@@ -28,8 +28,8 @@ import numpy as np
 from tqdm import tqdm
 
 from common.errors import UserError
+from data.corpus import Corpus
 from data.source_errors import read_errors
-from data.sources import Corpus
 from data.shards import shard_name
 from data.splitting import group_rows, split_piece, text_split_point
 from data.tokenizer import CharTokenizer, HFTokenizer, TiktokenTokenizer

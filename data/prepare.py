@@ -41,11 +41,12 @@ from typing import Any, Iterator
 from common.config_io import apply_overrides, coerce, from_dict, load_yaml
 from common.errors import ArgumentParser, UserError, user_errors_exit
 from data.config import DataConfig
+from data.corpus import Corpus
 from data.pipeline import bin_dtype, datasets_progress, write_text_shards
 from data.prepared import LAYOUT_VERSION, META_FILE, SPLITS, PreparedData, load_prepared  # noqa: F401 (re-exported)
 from data.sharded import WORK, encode_documents_sharded, read_plan, start_over, write_json_atomic
-from data.sources import (DATA_DIR_ENV, Corpus, content_hash, data_dir, load_rows, resolve_corpus,
-                          sampled_file_stats, slugify)
+from data.sources import (DATA_DIR_ENV, content_hash, data_dir, load_rows, resolve_corpus, sampled_file_stats,
+                          slugify)
 from data.splitting import text_split_point
 from data.tokenizer import CharTokenizer, TiktokenTokenizer, Tokenizer
 from data.tokenizer_json import stored_tokenizer

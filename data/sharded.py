@@ -41,9 +41,9 @@ from tqdm import tqdm
 from common.errors import UserError
 from data.pipeline import CHAR_DOC_SEPARATOR, DOC_BATCH, AnyTokenizer, BinCounts, _is_streaming, _tokenizer, \
     bin_dtype, encode_documents, iter_text_batches, write_ids
+from data.corpus import Corpus
 from data.shards import shard_name
 from data.source_errors import read_errors
-from data.sources import Corpus
 from data.splitting import val_document_count, val_document_mask
 from data.tokenizer import CharTokenizer, TiktokenTokenizer
 from data.workers import run_parts

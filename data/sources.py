@@ -31,22 +31,19 @@ import os
 import re
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from tqdm import tqdm
 
 from common.errors import UserError
 from data.config import DataConfig
+from data.corpus import LOCAL_BUILDERS, Corpus
 from data.repeated import REPEATED_VERSION, repeated_lines
 from data.source_errors import load_errors
 
 DATA_DIR_ENV = "ATTNGPT_DATA_DIR"
 TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
-# `datasets` builders that read local files given in data_files (their names, sizes and content hashes go
-# in the fingerprint, see _stats)
-LOCAL_BUILDERS = ("parquet", "json", "csv", "text", "arrow")
 
 
 def data_dir() -> Path:
@@ -101,24 +98,6 @@ def list_text_files(paths: list[str]) -> list[Path]:
             raise UserError(f"data.path '{raw}' does not exist: point it at a text file, a folder of text files, "
                             f"or a list of files (relative paths start from {Path.cwd()})")
     return files
-
-
-@dataclass
-class Corpus:
-    """A resolved source: what to load, how to describe it, and what identifies its content."""
-
-    kind: Literal["text", "documents"]
-    label: str  # short name for the prepared folder, e.g. "tinyshakespeare"
-    description: str  # one line for meta.json and messages
-    identity: dict[str, Any]  # JSON: which corpus this is (goes into the folder name and the fingerprint)
-    file_stats: list[list[Any]] = field(default_factory=list)  # [name, size, content sha256] of local files
-    load_kwargs: dict[str, Any] = field(default_factory=dict)  # for datasets.load_dataset
-    local_files: list[Path] = field(default_factory=list)  # for UTF-8 diagnosis
-    remote: bool = False  # a hub dataset: its download cache is kept in the data folder
-    text_column: str = "text"
-    streaming: bool = False
-    max_docs: int | None = None
-    repeated: dict[str, int] | None = None  # source repeated: repeated_lines' arguments (the rows are generated)
 
 
 def _stats(files: list[Path]) -> list[list[Any]]:

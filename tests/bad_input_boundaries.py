@@ -146,7 +146,7 @@ RULES_DOC = [
     "inside the vocabulary is not seen (`--force` prepares again). Folders fingerprinted when only the first "
     "and last MiB of each file were hashed are prepared again, once (where the data folder is not writable, one "
     "whose files match by those MiB is used as it is, with a warning). Tests: `test_prepare_fingerprint.py`.",
-    "- **A corpus file that is not what its format says** (`data/file_formats.py`, `data/source_errors.py`). After a failed read, each local "
+    "- **A corpus file that is not what its format says** (`data/source_errors.py`). After a failed read, each local "
     "parquet, json, csv, text or arrow file is opened with its format's reader and the first one refused is named "
     "with the reason, in one line, streamed or not and with any `data.num_proc` (a worker's traceback is "
     "unwrapped to its last line). Tests: `test_corpus_formats.py`.",
