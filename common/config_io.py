@@ -34,6 +34,7 @@ import yaml
 
 from common.errors import UserError
 from common.paths import expand_path
+from common.schema import is_int
 
 PATH = {"path": True}  # dataclass field metadata: the value is a path (or a list of paths): `~` is expanded
 
@@ -215,7 +216,7 @@ def coerce(annotation: Any, value: Any, key: str) -> Any:
             return value
         raise UserError(f"'{key}' got {_show(value)}; expected true or false")
     if annotation is int:
-        if isinstance(value, int) and not isinstance(value, bool):
+        if is_int(value):
             return value
         if isinstance(value, float) and value.is_integer():
             return int(value)

@@ -1,6 +1,6 @@
 """What a JSON document must hold, as data: each value's type and range, checked before anything is built from it.
 
-    Int(low, high)           an integer (a bool is not one, nor is 16.0); within [low, high]
+    Int(low, high)           an integer (a bool is not one, nor is 16.0: `is_int`); within [low, high]
     Float(low, high, above, below)  a finite number (an integer is fine, a bool is not); above/below: open bounds
     Bool(), Str(choices)     true/false; a string (one of `choices` when given)
     Nullable(s)              null, or what s accepts
@@ -32,6 +32,11 @@ class Invalid(ValueError):
         self.key = key
 
 
+def is_int(value: Any) -> bool:
+    """An integer: Python counts a bool as one, a config or a JSON file does not (nor 16.0)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def show(value: Any) -> str:
     """A value as a message shows it: short, with its JSON type."""
     kind = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
@@ -60,8 +65,8 @@ class Int(Schema):
     high: int | None = None
 
     def check(self, value: Any, key: str) -> None:
-        if not isinstance(value, int) or isinstance(value, bool) or \
-                (self.low is not None and value < self.low) or (self.high is not None and value > self.high):
+        if not is_int(value) or (self.low is not None and value < self.low) or \
+                (self.high is not None and value > self.high):
             raise Invalid(key, value, self.describe())
 
     def describe(self) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 
 from common.errors import UserError
 from common.json_file import read_bounded, read_json
-from common.schema import Fields, Int, Str, check
+from common.schema import Fields, Int, Str, check, is_int
 from data.tokenizer import CharTokenizer, HFTokenizer, TiktokenTokenizer, byte_level_alphabet
 from data.tokenizer_json import tokenizer_from_json
 from data.tokenizer_files import (SMALL_FILE_BYTES, TOKENIZER_FILE_BYTES, merges_of, read_generation_config,
@@ -105,7 +105,7 @@ def _token_id(entry: Any, tok: HFTokenizer) -> int | None:
 def _config_id(value: Any) -> int | None:
     if isinstance(value, list):
         value = value[0] if value else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return value if is_int(value) else None
 
 
 def special_ids(folder: Path, hf_config: dict[str, Any], tok: HFTokenizer) -> tuple[int | None, int | None]:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from common.errors import UserError
+from common.schema import is_int
 from data.shards import Shard, TokenStream, check_ids
 from data.tokenizer import Tokenizer
 from data.tokenizer_json import tokenizer_from_json
@@ -110,8 +111,7 @@ def _listed_shards(directory: Path, meta: dict[str, Any]) -> dict[str, list[Shar
                 raise UserError(f"'{directory / META_FILE}' lists a {split} shard {str(entry)[:60]!r} that is not "
                                 f"a .bin file of the folder: {REDO}")
             max_id = entry.get("max_id")
-            out[split].append(Shard(directory / name, entry.get("tokens"),
-                                    max_id if isinstance(max_id, int) and not isinstance(max_id, bool) else None))
+            out[split].append(Shard(directory / name, entry.get("tokens"), max_id if is_int(max_id) else None))
     return out
 
 

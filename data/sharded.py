@@ -39,9 +39,10 @@ import numpy as np
 from tqdm import tqdm
 
 from common.errors import UserError
+from common.schema import is_int
+from data.corpus import Corpus
 from data.pipeline import CHAR_DOC_SEPARATOR, DOC_BATCH, AnyTokenizer, BinCounts, _is_streaming, _tokenizer, \
     bin_dtype, encode_documents, iter_text_batches, write_ids
-from data.corpus import Corpus
 from data.shards import shard_name
 from data.source_errors import read_errors
 from data.splitting import val_document_count, val_document_mask
@@ -219,7 +220,7 @@ def _done_record(work: Path, out_dir: Path, index: int, dtype: np.dtype) -> dict
     """The done record of a part if it is what split_part writes for this part (its own shard names, whole
     counts) and its shards are on disk with the recorded sizes; else None, and the part is encoded again."""
     def whole(value: Any, least: int = 0) -> bool:  # an int, not a bool, of at least `least`
-        return isinstance(value, int) and not isinstance(value, bool) and value >= least
+        return is_int(value) and value >= least
 
     def shard_ok(split: str, entry: dict[str, Any] | None) -> bool:
         return entry is None or (entry["file"] == shard_name(split, index) and whole(entry["tokens"], 1)

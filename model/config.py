@@ -5,14 +5,12 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
+from common.schema import is_int
+
 MLP_KINDS = ("gelu", "swiglu")
 NORM_KINDS = ("layernorm", "rmsnorm")
 POS_KINDS = ("rope", "learned")
 ATTN_IMPLS = ("manual", "sdpa")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_number(value: Any) -> bool:
@@ -46,9 +44,9 @@ class ModelConfig:
             self.n_kv_head = self.n_head
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "d_model"):
             value = getattr(self, name)
-            if not _is_int(value) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"{name}={value!r}: must be a positive integer")
-        if self.mlp_hidden is not None and (not _is_int(self.mlp_hidden) or self.mlp_hidden < 1):
+        if self.mlp_hidden is not None and (not is_int(self.mlp_hidden) or self.mlp_hidden < 1):
             raise ValueError(f"mlp_hidden={self.mlp_hidden!r}: must be a positive integer or null")
         for name in ("bias", "tie_embeddings"):
             if not isinstance(getattr(self, name), bool):

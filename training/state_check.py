@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from common.schema import is_int
 from pretrained.checkpoint import CheckpointError
 from training.muon import Muon
 from training.optim import Optimizers
@@ -49,20 +50,16 @@ def check_counters(state: dict[str, Any], path: Path, max_iters: int) -> None:
         raise CheckpointError(f"'{path}' does not fit this run: {problem}")
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _counters_problem(state: dict[str, Any], max_iters: int) -> str | None:
     step, best_val, skipped = state["step"], state["best_val"], state.get("skipped_steps", 0)
-    if not _is_int(step) or not 0 <= step <= MAX_COUNT:
+    if not is_int(step) or not 0 <= step <= MAX_COUNT:
         return f"step {step!r} is not a step count"
     if step > max_iters:
         return (f"it is at step {step}, beyond train.max_iters={max_iters}: raise train.max_iters to continue "
                 f"the run")
     if not isinstance(best_val, float) or math.isnan(best_val) or best_val == -math.inf:
         return f"best_val {best_val!r} is not a loss"
-    if not _is_int(skipped) or not 0 <= skipped <= step:
+    if not is_int(skipped) or not 0 <= skipped <= step:
         return f"skipped_steps {skipped!r} is not a count in [0, step={step}]"
     return None
 
@@ -87,7 +84,7 @@ def _optimizer_problem(saved: Any, model: nn.Module, optimizers: Optimizers) -> 
         params = [p for group in opt.param_groups for p in group["params"]]  # index i of the state dict
         expected_keys = STATE_TENSORS.get(type(opt))
         for index, param_state in opt_state["state"].items():
-            if not _is_int(index) or not 0 <= index < len(params):
+            if not is_int(index) or not 0 <= index < len(params):
                 return f"{where} keeps state for parameter {index!r}, which this model lacks"
             param = params[index]
             problem = _param_state_problem(param_state, param, expected_keys)
@@ -128,7 +125,7 @@ def _rng_problem(rng: Any) -> str | None:
         if not isinstance(keys, torch.Tensor) or keys.dtype != torch.int64 or keys.shape != (624,) \
                 or not bool(((keys >= 0) & (keys < 2**32)).all()):
             raise ValueError("the numpy key is not 624 32-bit integers")
-        if not _is_int(pos) or not 0 <= pos <= 624:
+        if not is_int(pos) or not 0 <= pos <= 624:
             raise ValueError(f"the numpy position {pos!r} is outside 0..624")
         np.random.RandomState().set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
         torch_state = rng["torch"]
@@ -145,6 +142,6 @@ def _rng_problem(rng: Any) -> str | None:
 
 def _loader_problem(loader: dict[str, Any]) -> str | None:
     drawn = loader.get("batches_drawn")
-    if not _is_int(drawn) or not 0 <= drawn <= MAX_COUNT:
+    if not is_int(drawn) or not 0 <= drawn <= MAX_COUNT:
         return f"the loader's batches_drawn {drawn!r} is not a batch count"
     return None
