@@ -10,3 +10,9 @@
 Imports model/ at most, never the other way round: the model computes the maps (`GPT.attention_maps`),
 this package reads them.
 """
+import typing
+
+# how ablation.py removes a head, and "off": the run's setting for no ablation (ablation_dloss refuses it). Here,
+# not in ablation.py, so that the run config (training/config.py) checks attn.ablation without loading torch
+AblationMode = typing.Literal["zero", "mean", "off"]
+ABLATION_MODES: tuple[str, ...] = typing.get_args(AblationMode)

@@ -28,9 +28,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from insight import ABLATION_MODES
 from model.gpt import HeadPatch
 
-ABLATION_MODES = ("zero", "mean", "off")
 LOGIT_ROWS = 512  # rows of vocab-wide logits computed at once (vocab 50257: 100 MB of float32)
 ABLATION_BUDGET_BYTES = 1 << 30  # the most one batch of side-by-side ablations may hold (default_heads_per_pass)
 
@@ -105,7 +105,7 @@ def ablation_dloss(model, idx: torch.Tensor, mode: str = "zero", targets: torch.
     mode "zero" or "mean". heads_per_pass: how many of a layer's heads are ablated side by side in one
     batch (default_heads_per_pass: all of them within a memory budget); the result does not depend on it.
     Eval mode (restored afterwards), no gradients."""
-    if mode not in ("zero", "mean"):
+    if mode not in ABLATION_MODES or mode == "off":
         raise ValueError(f"ablation mode {mode!r}: ablation_dloss takes 'zero' or 'mean' "
                          f"(ABLATION_MODES' 'off' means not calling it)")
     n_layer, n_head = model.config.n_layer, model.config.n_head

@@ -20,6 +20,7 @@ import yaml
 from common.config_io import PATH, apply_overrides, closest, coerce, from_dict, load_yaml, to_dict
 from common.errors import UserError
 from data.config import DataConfig
+from insight import ABLATION_MODES, AblationMode
 from model.config import ModelConfig
 
 
@@ -122,7 +123,6 @@ class WandbConfig:
             raise ValueError(f"init_timeout={self.init_timeout}: must be in (0, 3600] seconds")
 
 
-ABLATION_MODES = ("zero", "mean", "off")  # insight/ablation.py's (not imported: it loads torch)
 MAX_ROLE_BATCH = 1024  # role probes held at once: 1024 x 101 tokens' maps of a layer are ~40 MB per head
 
 
@@ -137,7 +137,7 @@ class AttnConfig:
     # how a head is removed for ablation_dloss on the probe text: zero its output, replace it by its mean over
     # positions, or off (no ablation: the stats.csv column stays empty, no W&B key). YAML reads a bare off as
     # false: that is taken as off too
-    ablation: Literal["zero", "mean", "off"] | bool = "zero"
+    ablation: AblationMode | bool = "zero"
 
     def __post_init__(self) -> None:
         if self.layers is not None and any(layer < 0 for layer in self.layers):
@@ -177,12 +177,17 @@ class RunConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.seed <= MAX_SEED:  # torch, numpy and the loader's SeedSequence all take this range
             raise ValueError(f"seed={self.seed}: must be an integer from 0 to 2**63-1")
-        if self.attn.layers is not None and self.train.init_from == "scratch":  # else the source's n_layer counts
-            too_deep = [layer for layer in self.attn.layers if layer >= self.model.n_layer]
-            if too_deep:
-                raise ValueError(f"attn.layers={self.attn.layers}: the model has layers 0..{self.model.n_layer - 1}")
-        if self.eval.iters < 1:
-            raise ValueError("eval.iters must be >= 1")
+        if self.train.init_from == "scratch":  # else the source's n_layer counts (training/init_from.py)
+            problem = attn_layers_problem(self.attn.layers, self.model.n_layer)
+            if problem:
+                raise ValueError(problem)
+
+
+def attn_layers_problem(layers: list[int] | None, n_layer: int, model: str = "the model") -> str | None:
+    """Why attn.layers names a layer a model of n_layer layers lacks, or None when every one is there."""
+    if layers is not None and any(layer >= n_layer for layer in layers):
+        return f"attn.layers={layers}: {model} has layers 0..{n_layer - 1}"
+    return None
 
 
 def load_run_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:

@@ -27,7 +27,7 @@ from common.errors import UserError
 from data.tokenizer import CharTokenizer, TiktokenTokenizer
 from model.config import ModelConfig
 from pretrained.load import Pretrained, open_pretrained
-from training.config import RunConfig
+from training.config import RunConfig, attn_layers_problem
 
 SCRATCH = "scratch"
 FREE_KEYS = ("dropout", "attn_impl")  # model settings that do not change the weights: the config may set them
@@ -47,10 +47,9 @@ def init_source(cfg: RunConfig, latest: Path | None) -> Pretrained | None:
     label = f"train.init_from '{src}'"
     check_model_keys(cfg, source.config, label)
     check_tokenizer(cfg, source.tokenizer, label)
-    too_deep = [layer for layer in cfg.attn.layers or [] if layer >= source.config.n_layer]
-    if too_deep:
-        raise UserError(f"attn.layers={cfg.attn.layers}: the model of {label} has layers "
-                        f"0..{source.config.n_layer - 1}")
+    problem = attn_layers_problem(cfg.attn.layers, source.config.n_layer, f"the model of {label}")
+    if problem:
+        raise UserError(problem)
     return source
 
 
