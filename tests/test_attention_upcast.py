@@ -187,12 +187,10 @@ def test_a_resume_and_every_process_apply_the_saved_kernel_choice(tmp_path, monk
     autotune.save_choice(tmp_path, saved)
     monkeypatch.setattr(autotune, "choose", lambda *a, **kw: pytest.fail("a resume measured again"))
     cfg = autotune.RunConfig(out_dir=str(tmp_path), dtype="auto")
-    model = sdpa_model()
     rt = Runtime(torch.device("cpu"), None)
-    choice, _ = autotune.decide_precision(cfg, rt, model, build_optimizers(model, cfg.train), loader=None,
-                                          steps_left=10, resumed=True)
-    assert choice == saved and rt.autocast_dtype == torch.bfloat16
-    assert all(block.attn.fused_float32 is kept for block in model.blocks)
+    choice, precision = autotune.decide_precision(cfg, rt, None, steps_left=10, resumed=True)
+    assert choice == saved and precision.autocast_dtype == torch.bfloat16
+    assert precision.attention_float32 is kept
 
 
 @pytest.mark.parametrize("damage", [{"unit": "ms/step"}, {"unit": "s"}, {"kept": "float16 attention"},
@@ -207,3 +205,18 @@ def test_a_damaged_kernel_choice_is_measured_again_and_an_earlier_file_without_o
     (tmp_path / autotune.CHOICE_FILE).write_text(json.dumps(earlier))
     choice = autotune.saved_choice(tmp_path)
     assert choice.attention is None and not choice.attention_float32 and choice.dtype == "bfloat16"
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_the_run_builds_its_model_with_the_kernel_choice(tmp_path, monkeypatch, kept):
+    """What auto decided for the kernel reaches every layer of the model the run trains (training/plan.py then
+    trainer.build): the choice is a value of the plan, not a setting left on the model that was timed."""
+    from tests.helpers import shakespeare_data_dir, tiny_config
+    from training.trainer import train
+    monkeypatch.setenv("ATTNGPT_DATA_DIR", str(shakespeare_data_dir(tmp_path / "data")))
+    made = autotune.Choice(**{**SAVED.__dict__, "compile": False, "attention": autotune.Comparison(
+        ATTENTION.ms_per_step, ATTENTION.baseline, "float32 attention" if kept else "bfloat16 attention", "ms/call")})
+    monkeypatch.setattr(autotune, "choose", lambda *a, **kw: (made, None))
+    result = train(tiny_config(tmp_path, "train.max_iters=2", "eval.interval=2", "attn.enabled=false", "dtype=auto",
+                               "train.compile=false", "model.attn_impl=sdpa"))
+    assert all(block.attn.fused_float32 is kept for block in result.model.blocks)

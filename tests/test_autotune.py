@@ -137,20 +137,20 @@ def test_resume_reuses_the_saved_choice(tmp_path, data_dir, monkeypatch, capsys)
 
 @pytest.mark.parametrize("dtype, compile_model", [("bfloat16", False), ("float32", True)])
 def test_the_choice_is_what_the_run_then_uses(tmp_path, monkeypatch, dtype, compile_model):
-    """decide_precision sets the runtime to what was chosen, whichever it is (on a CPU without bf16
-    instructions the real measurement always says float32, so the choice is scripted here)."""
+    """decide_precision returns the precision that was chosen, whichever it is, and the run is planned with it
+    (on a CPU without bf16 instructions the real measurement always says float32, so the choice is scripted
+    here)."""
     def scripted(*args, **kwargs):
         return autotune.Choice(dtype=dtype, compile=compile_model,
                                comparisons=[autotune.Comparison({"float32": 1.0}, "float32", "float32")]), None
     monkeypatch.setattr("training.autotune.choose", scripted)
     cfg = tiny_config(tmp_path, "dtype=auto", "train.compile=auto")
     model, optimizers = small_model_and_optimizer()
-    loader = type("Loader", (), {"state_dict": lambda self: {}, "load_state_dict": lambda self, s: None,
-                                 "next_batch": lambda self: None})()
     rt = Runtime(torch.device("cpu"), None)
-    choice, _ = autotune.decide_precision(cfg, rt, model, optimizers, loader, steps_left=10, resumed=False)
-    assert rt.autocast_dtype == (torch.bfloat16 if dtype == "bfloat16" else None)
-    assert rt.compile is compile_model and choice.dtype == dtype
+    choice, precision = autotune.decide_precision(cfg, rt, lambda: (model, optimizers, None), steps_left=10,
+                                                  resumed=False)
+    assert precision.autocast_dtype == (torch.bfloat16 if dtype == "bfloat16" else None)
+    assert precision.compile is compile_model and choice.dtype == dtype
     assert json.loads((tmp_path / autotune.CHOICE_FILE).read_text())["dtype"] == dtype
 
 

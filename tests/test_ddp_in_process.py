@@ -27,7 +27,7 @@ from pretrained.checkpoint import load_model, save_model
 from tests.helpers import REPO, prepared_shakespeare_dir, tiny_config
 from training.evaluate import EVAL_SEED_OFFSET, evaluate
 from training.runtime import Runtime
-from training.trainer import model_config_for
+from training.plan import with_vocab_size
 
 ITERS = 3
 # rank 1 ends with exit_now once it has left the group, as train.py under torchrun does: the interpreter's
@@ -112,7 +112,7 @@ def test_two_processes_report_the_mean_over_both_processes_batches(tmp_path):
     cfg = tiny_config(tmp_path / "run", f"eval.iters={ITERS}", "eval.batch_size=4")
     prepared = prepare_data(cfg.data, quiet=True)
     torch.manual_seed(0)
-    save_model(GPT(model_config_for(cfg, prepared)), tmp_path / "ckpt")
+    save_model(GPT(with_vocab_size(cfg, cfg.model, prepared.tokenizer.vocab_size)), tmp_path / "ckpt")
     model, _ = load_model(tmp_path / "ckpt")  # exactly the weights rank 1 reads
 
     rank0, rank1 = two_processes(tmp_path, lambda rt: evaluate(model, cfg, prepared, rt, model.config.block_size),
@@ -136,9 +136,8 @@ def rank_1(rt, out_dir):
         raise AssertionError("only rank 0 measures")
     autotune.choose = never
     cfg = tiny_config(out_dir, "dtype=auto", "train.compile=auto")
-    choice, compiled = autotune.decide_precision(cfg, rt, None, None, None, steps_left=100, resumed=False)
-    return {"choice": choice.to_json(), "autocast": str(rt.autocast_dtype), "compile": rt.compile,
-            "compiled": compiled}
+    choice, precision = autotune.decide_precision(cfg, rt, None, steps_left=100, resumed=False)
+    return {"choice": choice.to_json(), "autocast": str(precision.autocast_dtype), "compile": precision.compile}
 """
 
 
@@ -151,21 +150,12 @@ def test_every_process_runs_at_the_precision_rank_0_chose(tmp_path, monkeypatch)
         autotune.Comparison({"bfloat16": 1.5, "bfloat16 compiled": 1.0}, baseline="bfloat16", kept="bfloat16 compiled")])
     monkeypatch.setattr(autotune, "choose", lambda *args, **kwargs: (made, None))
 
-    class Loader:  # rank 0 draws one batch to measure on, and puts the stream back
-        def state_dict(self):
-            return {"batches_drawn": 0}
-
-        def next_batch(self):
-            return torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long)
-
-        def load_state_dict(self, state):
-            assert state == {"batches_drawn": 0}
-
     def rank_0(rt):
-        choice, compiled = autotune.decide_precision(cfg, rt, None, None, Loader(), steps_left=100, resumed=False)
-        return choice, rt
+        choice, precision = autotune.decide_precision(cfg, rt, lambda: (None, None, None), steps_left=100,
+                                                      resumed=False)
+        return choice, precision
 
-    (choice, rt0), rank1 = two_processes(tmp_path, rank_0, AUTOTUNE_RANK_1, str(tmp_path / "run"))
-    assert choice == made and (rt0.autocast_dtype, rt0.compile) == (torch.bfloat16, True)
-    assert rank1 == {"choice": made.to_json(), "autocast": "torch.bfloat16", "compile": True, "compiled": None}
+    (choice, rank0), rank1 = two_processes(tmp_path, rank_0, AUTOTUNE_RANK_1, str(tmp_path / "run"))
+    assert choice == made and (rank0.autocast_dtype, rank0.compile) == (torch.bfloat16, True)
+    assert rank1 == {"choice": made.to_json(), "autocast": "torch.bfloat16", "compile": True}
     assert autotune.saved_choice(tmp_path / "run") == made  # saved once, by rank 0

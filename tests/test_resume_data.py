@@ -112,13 +112,15 @@ def test_the_fingerprint_covers_both_ends_of_both_splits(tmp_path, data_dir, mon
 
 
 def test_a_sharded_resume_checks_the_config_first_and_names_the_checkpoint(tmp_path):
-    """train.parallel=fsdp resumes through resume_sharded: an unreadable config.json is refused naming latest/
-    before anything distributed is touched."""
-    from training.resume import resume_sharded
+    """train.parallel=fsdp resumes through resume_sharded, after read_resume_point: an unreadable config.json is
+    refused naming latest/ before anything distributed is touched."""
+    from model.config import ModelConfig
+    from training.config import TrainConfig
+    from training.resume import read_resume_point
     latest = tmp_path / "run" / LATEST
     latest.mkdir(parents=True)
     (latest / "config.json").write_text("{not json", encoding="utf-8")
     with pytest.raises(UserError) as e:
-        resume_sharded(latest, tmp_path / "run", None, None, None, ours(), None, 10)
+        read_resume_point(latest, tmp_path / "run", ModelConfig(), ours(), TrainConfig(parallel="fsdp"))
     assert str(e.value).startswith(f"cannot resume from '{latest}': '{latest / 'config.json'}' is corrupted")
     assert str(e.value).endswith(f"use another out_dir, or delete '{tmp_path / 'run'}' to start over")

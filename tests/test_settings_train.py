@@ -23,7 +23,8 @@ from training.checkpoint import BEST, LATEST, load_train_state
 from training.evaluate import EVAL_SEED_OFFSET, evaluate
 from training.optim import build_optimizers, lr_factor
 from training.runtime import setup_runtime
-from training.trainer import model_config_for, train
+from training.plan import with_vocab_size
+from training.trainer import train
 
 QUIET = ["attn.enabled=false", "wandb.mode=disabled"]
 
@@ -125,7 +126,7 @@ def test_the_first_step_equals_a_hand_written_adamw_step(tmp_path, embedding_lr)
     result = train(cfg)
     from data.prepare import prepare_data
     prepared = prepare_data(cfg.data)
-    model_cfg = model_config_for(cfg, prepared)
+    model_cfg = with_vocab_size(cfg, cfg.model, prepared.tokenizer.vocab_size)
     torch.manual_seed(7)
     model = GPT(model_cfg)  # the run's init: seeded the same way, built first
     loader = BatchLoader(prepared.split_paths("train"), prepared.dtype, model_cfg.block_size, 3, seed=7)
@@ -178,7 +179,7 @@ def test_eval_losses_are_the_mean_over_fixed_batches_of_each_split(tmp_path):
     from data.prepare import prepare_data
     prepared = prepare_data(cfg.data)
     torch.manual_seed(0)
-    model = GPT(model_config_for(cfg, prepared)).train()
+    model = GPT(with_vocab_size(cfg, cfg.model, prepared.tokenizer.vocab_size)).train()
     rt = setup_runtime("cpu", "float32")
     losses = evaluate(model, cfg, prepared, rt, model.config.block_size)
     assert model.training and evaluate(model, cfg, prepared, rt, model.config.block_size) == losses
@@ -281,9 +282,9 @@ def test_bpe_vocabularies_are_padded_to_a_multiple_of_64_and_set_ones_kept():
     cfg = tiny_config(Path("unused"))
     for vocab, padded in [(65, 65), (1023, 1023), (1024, 1024), (1025, 1088), (50257, 50304)]:
         prepared = types.SimpleNamespace(tokenizer=types.SimpleNamespace(vocab_size=vocab))
-        assert model_config_for(cfg, prepared).vocab_size == padded, vocab
+        assert with_vocab_size(cfg, cfg.model, prepared.tokenizer.vocab_size).vocab_size == padded, vocab
     explicit = tiny_config(Path("unused"), "model.vocab_size=100")
-    assert model_config_for(explicit, types.SimpleNamespace(tokenizer=types.SimpleNamespace(vocab_size=65))).vocab_size == 100
+    assert with_vocab_size(explicit, explicit.model, 65).vocab_size == 100
 
 
 def test_compile_wraps_the_model_in_torch_compile(tmp_path, monkeypatch):

@@ -18,10 +18,12 @@ candidates compared timed in turn, ROUNDS rounds, each keeping its fastest round
      at least COMPILE_MIN_RUN_S (compiling costs tens of seconds on a CPU: a shorter run cannot repay it).
 
 A candidate other than float32 eager is kept only when it is at least MIN_GAIN faster, so `auto` is never
-slower than plain float32 eager beyond noise. The weights, optimizer state, RNG streams and the loader's
-position are restored afterwards: a run with `auto` trains exactly as the same run with the chosen settings
-written out. The choice is saved in out_dir (CHOICE_FILE) and a resume reuses it without measuring again.
-Explicit settings are obeyed as written and never measured.
+slower than plain float32 eager beyond noise. The steps are timed while the run is resolved (training/plan.py),
+on a model of the run's shape built for the timing, before the run's own model exists: a run with `auto` trains
+exactly as the same run with the chosen settings written out (`choose` also puts back the weights, optimizer
+state and RNG streams of what it timed). What it decided is a value, `Precision`, that the run is built with;
+nothing is changed afterwards. The choice is saved in out_dir (CHOICE_FILE) and a resume reuses it without
+measuring again. Explicit settings are obeyed as written and never measured.
 
 What the run prints: before timing, what is timed, about how long it takes and how to skip it; before
 compiling, why and that it takes a while; then one summary line. The summary gives each comparison with the
@@ -444,33 +446,53 @@ def needs_measurement(dtype_setting: str, compile_setting: bool | str) -> bool:
     return dtype_setting == "auto" or compile_setting == "auto"
 
 
-def decide_precision(cfg: RunConfig, rt: Runtime, model: nn.Module, optimizers: Optimizers, loader: BatchLoader,
-                     steps_left: int, resumed: bool, say: Callable[[str], None] = lambda line: None
-                     ) -> tuple[Choice, nn.Module | None]:
-    """`dtype: auto` / `train.compile: auto` for a run: reuse the choice saved in out_dir on a resume, else
-    time the candidates on the main process (on one batch of the run's own data, restoring every state
-    after) and share the choice with the other processes. Sets rt.autocast_dtype and rt.compile; returns
-    the choice and the compiled model when the measurement made one (the run reuses it). `say`: where the
-    lines printed while measuring go (see choose)."""
-    out_dir, compiled = Path(cfg.out_dir), None
+@dataclass(frozen=True)
+class Precision:
+    """How a run computes: settled once, before its model is built (training/plan.py), never changed after."""
+
+    autocast_dtype: torch.dtype | None  # None: plain float32 (the weights always stay float32)
+    compile: bool  # torch.compile the model
+    attention_float32: bool = False  # the fused attention kernel on float32 copies (GPT.set_fused_attention_float32)
+
+
+# builds what auto times, when it has to measure: (a model of the run's shape, its optimizers, one batch of the
+# run's data); called on the main process only, and only when no saved choice is reused
+TimingRun = Callable[[], tuple[nn.Module, Optimizers, tuple[torch.Tensor, torch.Tensor]]]
+
+
+def decide_precision(cfg: RunConfig, rt: Runtime, timing_run: TimingRun | None, steps_left: int, resumed: bool,
+                     say: Callable[[str], None] = lambda line: None) -> tuple[Choice | None, Precision]:
+    """The run's precision and compile setting, and what `auto` decided (None when nothing is on auto).
+
+    Explicit settings are taken as written (rt.autocast_dtype holds the explicit dtype's). With `auto`: reuse the
+    choice saved in out_dir on a resume, else time the candidates on the main process (`choose`, on what
+    timing_run builds) and save the choice there (the process that owns out_dir), then share it with the other
+    processes. Under FSDP auto is not timed: the shards' mixed precision is fixed when the model is sharded, and
+    one process cannot time steps that need all of them. `say`: where the lines printed while measuring go."""
+    tc = cfg.train
+    explicit = Precision(rt.autocast_dtype, tc.compile is True)
+    if not needs_measurement(cfg.dtype, tc.compile):
+        return None, explicit
+    if tc.parallel == "fsdp":
+        say(f"auto under FSDP (not timed): dtype {str(rt.autocast_dtype or 'float32').replace('torch.', '')}, "
+            f"compile {'on' if explicit.compile else 'off'}")
+        return None, explicit
+    out_dir = Path(cfg.out_dir)
     choice = saved_choice(out_dir) if resumed else None
     if choice is None:
         if rt.is_main:
-            position = loader.state_dict()
-            batch = loader.next_batch()
-            loader.load_state_dict(position)  # the measurement does not move the run's data stream
-            choice, compiled = choose(model, optimizers, batch, rt, cfg.train.grad_accum, cfg.train.grad_clip,
-                                      steps_left, cfg.dtype, cfg.train.compile, say)
+            model, optimizers, batch = timing_run()
+            choice, _ = choose(model, optimizers, batch, rt, tc.grad_accum, tc.grad_clip, steps_left, cfg.dtype,
+                               tc.compile, say)
             save_choice(out_dir, choice)
         if rt.ddp:
             import torch.distributed as dist
             shared = [choice.to_json() if choice is not None else None]
             dist.broadcast_object_list(shared, src=0)
             choice = Choice.from_json(shared[0])
-    if cfg.dtype == "auto":
-        rt.autocast_dtype = None if choice.dtype == "float32" else DTYPES[choice.dtype]
-        if _fused_model(model):  # every process, and a resume, as measured
-            model.set_fused_attention_float32(choice.attention_float32 and rt.autocast_dtype is not None)
-    if cfg.train.compile == "auto":
-        rt.compile = choice.compile
-    return choice, compiled
+    say(choice.summary())
+    autocast = (None if choice.dtype == "float32" else DTYPES[choice.dtype]) if cfg.dtype == "auto" \
+        else rt.autocast_dtype
+    return choice, Precision(autocast_dtype=autocast,
+                             compile=choice.compile if tc.compile == "auto" else explicit.compile,
+                             attention_float32=choice.attention_float32 and autocast is not None)

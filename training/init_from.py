@@ -20,7 +20,6 @@ What comes from the source, and what the config may still say:
 """
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from common.errors import UserError
@@ -53,13 +52,6 @@ def init_source(cfg: RunConfig, latest: Path | None) -> Pretrained | None:
     return source
 
 
-def init_model_config(cfg: RunConfig, source: Pretrained) -> ModelConfig:
-    """The source's shape with the run's dropout and attention implementation, at the run's model.block_size
-    when it sets one (no larger than the source's: check_model_keys)."""
-    return dataclasses.replace(source.config, dropout=cfg.model.dropout, attn_impl=cfg.model.attn_impl,
-                               block_size=cfg.model_set.get(CROPPABLE, source.config.block_size))
-
-
 def check_model_keys(cfg: RunConfig, theirs: ModelConfig, label: str) -> None:
     for key, ours in cfg.model_set.items():
         if key in FREE_KEYS:
@@ -70,7 +62,7 @@ def check_model_keys(cfg: RunConfig, theirs: ModelConfig, label: str) -> None:
                             f"model has no positions beyond its own; set model.block_size to {value} or less "
                             f"(or remove it to train at {value})")
         if key == CROPPABLE and ours < value:
-            continue  # a shorter context: the source's positions cropped (init_model_config, crop_block_size)
+            continue  # a shorter context: the source's positions cropped (plan.model_shape, crop_block_size)
         if ours != value:
             raise UserError(f"model.{key}={ours!r} contradicts {label}, whose {key} is {value!r}: with "
                             f"train.init_from the model's shape comes from the source; remove model.{key} "

@@ -9,20 +9,23 @@ new run: `out_dir=NEW train.init_from=OLD_OUT_DIR` (fresh optimizer and schedule
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 import torch.nn as nn
 
 from common.errors import UserError
 from data.prepare import PreparedData
-from pretrained.checkpoint import WEIGHTS_FILE, CheckpointError, load_weights, read_config
+from pretrained.checkpoint import WEIGHTS_FILE, CheckpointError, read_config, read_weights
 from model.config import ModelConfig
 from model.gpt import GPT
 from training.checkpoint import STATE_FILE, load_train_state
-from training.dist_checkpoint import load_sharded
-from training.optim import Optimizers
+from training.config import TrainConfig
+from training.dist_checkpoint import STATE_FILE as FSDP_STATE_FILE, load_sharded
+from training.optim import Optimizers, build_optimizers
 from training.runtime import Runtime, set_rng_state
 from training.state_check import check_train_state
 
@@ -117,40 +120,69 @@ def _refuse(latest: Path, out_dir: Path, reason: str) -> UserError:
                      f"to start over")
 
 
-def resume(latest: Path, out_dir: Path, model: GPT, optimizers: Optimizers, loader: Any, extra: dict[str, Any],
-           max_iters: int) -> dict[str, Any]:
-    """Load weights, optimizer, loader position and RNG states from `latest` into the fresh run, after every
-    check above. Returns the training state (step, best_val, skipped_steps). A checkpoint that does not fit
-    is a UserError, raised before any global state (RNGs) changes."""
-    try:  # read and check everything first: a bad checkpoint fails before any state is changed
+@dataclass
+class ResumePoint:
+    """What out_dir/latest holds for a resume, read and checked against the run before any model is built
+    (`read_resume_point`, in training/plan.py), then put into the built run by `resume`."""
+
+    latest: Path
+    weights: dict[str, torch.Tensor] | None  # None under FSDP: its shards are read and checked by DCP
+    state: dict[str, Any] | None  # the training state (step, best_val, optimizer, loader(s), rng); None under FSDP
+
+    def take(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """The weights and training state, handed over once: the plan holding this point then keeps no second
+        copy of them alive while the run trains."""
+        weights, state, self.weights, self.state = self.weights, self.state, None, None
+        if weights is None or state is None:
+            raise RuntimeError(f"the resume point of '{self.latest}' was already taken (or is an FSDP one)")
+        return weights, state
+
+
+def read_resume_point(latest: Path, out_dir: Path, model_config: ModelConfig, extra: dict[str, Any],
+                      train_cfg: TrainConfig) -> ResumePoint:
+    """Read and check everything a resume loads (module doc) against the run's final model config and data
+    (`extra`: the tokenizer and data fingerprint it records): weights and optimizer state are compared with a
+    model and optimizers of that config built on the meta device, so nothing of the run is allocated yet. A
+    checkpoint that does not fit is a UserError; nothing is loaded into anything."""
+    try:
         saved = read_config(latest)
         check_same_data(saved, extra, out_dir)  # first: other data (a tokenizer of another size) explains a
-        check_same_model(saved, model.config, out_dir)  # vocab_size that differs better than the shape does
-        load_weights(model, latest / WEIGHTS_FILE)
+        check_same_model(saved, model_config, out_dir)  # vocab_size that differs better than the shape does
+        if train_cfg.parallel == "fsdp":
+            return ResumePoint(latest, weights=None, state=None)
+        if (latest / FSDP_STATE_FILE).is_file():
+            raise UserError(f"'{latest}' was saved by train.parallel=fsdp: resume it with train.parallel=fsdp, or "
+                            f"use another out_dir")
+        weights = read_weights(latest / WEIGHTS_FILE, model_config)
         state = load_train_state(latest)
-        check_train_state(state, latest / STATE_FILE, model, optimizers, max_iters)
+        with torch.device("meta"):
+            model = GPT(model_config)
+            check_train_state(state, latest / STATE_FILE, model, build_optimizers(model, train_cfg),
+                              train_cfg.max_iters)
     except CheckpointError as e:
         raise _refuse(latest, out_dir, str(e)) from None
+    return ResumePoint(latest, weights, state)
+
+
+def resume(point: ResumePoint, out_dir: Path, model: GPT, optimizers: Optimizers, loader: Any) -> dict[str, Any]:
+    """Load the checked weights, optimizer, loader position and RNG states of `point` into the freshly built
+    run. Returns the training state (step, best_val, skipped_steps)."""
+    weights, state = point.take()
     try:
+        model.load_state_dict(weights, strict=False)  # strict=False only for a tied lm_head, never saved
         optimizers.load_state_dict(state["optimizer"])
         loaders = state.get("loaders")  # every process's loader position (one process: loaders[0] is "loader")
         loader.load_state_dict(loaders[loader.rank] if isinstance(loaders, list) and len(loaders) == loader.world_size
                                else state["loader"])
         set_rng_state(state["rng"])
     except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:  # what the checks cannot foresee
-        raise _refuse(latest, out_dir, f"its {STATE_FILE} does not fit this run ({type(e).__name__}: "
-                     f"{' '.join(str(e).split())[:160]})") from None
+        raise _refuse(point.latest, out_dir, f"its {STATE_FILE} does not fit this run ({type(e).__name__}: "
+                      f"{' '.join(str(e).split())[:160]})") from None
     return state
 
 
-def resume_sharded(latest: Path, out_dir: Path, model: nn.Module, optimizers: Optimizers, loader: Any,
-                   extra: dict[str, Any], rt: Runtime, max_iters: int) -> dict[str, Any]:
-    """`resume` for an FSDP run: the same checks of model and data, then the sharded weights and optimizer
+def resume_sharded(point: ResumePoint, out_dir: Path, model: nn.Module, optimizers: Optimizers, loader: Any,
+                   rt: Runtime, max_iters: int) -> dict[str, Any]:
+    """`resume` for an FSDP run (config and data checked by read_resume_point): the sharded weights and optimizer
     state through torch.distributed.checkpoint (training/dist_checkpoint.py). Returns the training state."""
-    try:
-        saved = read_config(latest)
-    except CheckpointError as e:
-        raise _refuse(latest, out_dir, str(e)) from None
-    check_same_data(saved, extra, out_dir)
-    check_same_model(saved, model.config, out_dir)
-    return load_sharded(latest, out_dir, model, optimizers, loader, rt, max_iters)
+    return load_sharded(point.latest, out_dir, model, optimizers, loader, rt, max_iters)

@@ -1,11 +1,13 @@
 """The training loop: data -> model -> loss -> optimizer, with evals, checkpoints, exact resume and DDP.
 
-`train(cfg)` is what `python train.py CONFIG` calls; tests call it directly on tiny configs.
+`train(cfg)` is what `python train.py CONFIG` calls; tests call it directly on tiny configs. It reads top to
+bottom: resolve (training/plan.py: everything the run is, decided once), build (model, optimizers, loader, the
+resume), loop (steps, evals, checkpoints, a clean stop).
 """
 from __future__ import annotations
 
-import dataclasses
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,26 +19,22 @@ import torch.nn as nn
 
 from common.errors import UserError
 from data.loader import BatchLoader
-from data.prepare import PreparedData, prepare_data
-from data.tokenizer_json import stored_tokenizer
-from model.config import ModelConfig
+from data.prepare import PreparedData
 from model.gpt import GPT
-from pretrained.memory import BYTES_FP32, TRAINING_BYTES_PER_PARAM, check_fits_in_memory
 from training.checkpoint import BEST, LATEST, checkpoint_dir, save_checkpoint
 from training.config import RunConfig, config_to_yaml
-from training.dist_checkpoint import STATE_FILE as FSDP_STATE_FILE, save_sharded
+from training.dist_checkpoint import save_sharded
 from training.evaluate import evaluate
-from training.init_from import init_model_config, init_source
 from training.logger import RunLogger
 from training.optim import Optimizers, build_optimizers, lr_factor
 from training.parallel import MonitorFollower, agreed_stop, is_sharded, shard_model
-from training.resume import data_fingerprint, resume, resume_sharded
-from training.step import accumulate_gradients, apply_gradients
-from training.stop import StopRequested
-from training.autotune import decide_precision, needs_measurement
+from training.plan import RunPlan, resolve_run
+from training.resume import resume, resume_sharded
+from training.run_dir import RunDirLock, could_not_write, lock_run_dir, make_out_dir
 from training.runtime import (Runtime, measure_peak_flops, rng_state, seed_everything, setup_runtime, synchronize,
                               teardown_runtime)
-from training.run_dir import RunDirLock, could_not_write, lock_run_dir, make_out_dir
+from training.step import accumulate_gradients, apply_gradients
+from training.stop import StopRequested
 
 
 @dataclass
@@ -55,22 +53,10 @@ class TrainResult:
     model: GPT | None = field(default=None, repr=False)  # the trained model (unwrapped from DDP/compile)
 
 
-def model_config_for(cfg: RunConfig, prepared: PreparedData) -> ModelConfig:
-    """The run's ModelConfig with vocab_size from the tokenizer (unless the YAML sets it)."""
-    vocab = prepared.tokenizer.vocab_size
-    if cfg.vocab_size_from_tokenizer:
-        # BPE vocabularies are padded to a multiple of 64 (GPT-2: 50257 -> 50304) for faster matmuls
-        size = vocab if vocab < 1024 else 64 * math.ceil(vocab / 64)
-        return dataclasses.replace(cfg.model, vocab_size=size)
-    if cfg.model.vocab_size < vocab:
-        raise UserError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's vocabulary "
-                        f"({vocab}): remove model.vocab_size to take it from the tokenizer")
-    return cfg.model
-
-
 def train(cfg: RunConfig, should_stop: Callable[[int], bool] | None = None) -> TrainResult:
-    """Run (or resume) the training described by cfg. should_stop(steps_done) -> True stops after that
-    step exactly as Ctrl-C does: checkpoint saved, result.interrupted set ("requested")."""
+    """Run (or resume) the training described by cfg: resolve, build (with the resume), loop.
+    should_stop(steps_done) -> True stops after that step exactly as Ctrl-C does: checkpoint saved,
+    result.interrupted set ("requested")."""
     rt = setup_runtime(cfg.device, cfg.dtype)
     run: Run | None = None
     lock: RunDirLock | None = None
@@ -79,7 +65,13 @@ def train(cfg: RunConfig, should_stop: Callable[[int], bool] | None = None) -> T
         if rt.is_main:  # the one writer of out_dir (training/run_dir.py); the other ranks only read
             make_out_dir(Path(cfg.out_dir))
             lock = lock_run_dir(cfg.out_dir)
-        run = setup(cfg, rt, lock)
+            # finish a save that a crash interrupted, before any process looks
+            checkpoint_dir(lock, BEST)
+            checkpoint_dir(lock, LATEST)
+        if rt.ddp:
+            dist.barrier()
+        plan = resolve_run(cfg, rt, say=_printer(rt))
+        run = build(plan)
         result = train_loop(run, should_stop)
         finished = True
         return result
@@ -91,6 +83,11 @@ def train(cfg: RunConfig, should_stop: Callable[[int], bool] | None = None) -> T
         if lock is not None:
             lock.release()
         teardown_runtime(rt, finished)
+
+
+def _printer(rt: Runtime) -> Callable[[str], None]:
+    """Where the lines printed before the progress bar exists go: stderr, on the main process only."""
+    return (lambda line: print(line, file=sys.stderr)) if rt.is_main else (lambda line: None)
 
 
 @dataclass
@@ -142,131 +139,57 @@ class Run:
             save_checkpoint(self.out_dir, BEST, self.raw_model, extra, files=self.files)
 
 
-def setup(cfg: RunConfig, rt: Runtime, lock: RunDirLock | None = None) -> Run:
-    """Data, model, optimizer and loader; then the resume from out_dir/latest if there is one; then the
-    logger, compile/DDP wrapping and the attention monitor. `lock`: the run directory's lock, held by the
-    main process (None on the other ranks)."""
-    out_dir = Path(cfg.out_dir)
-    tc = cfg.train
-    seed_everything(cfg.seed)
-    if lock is not None:  # finish a save that a crash interrupted, before any process looks
-        checkpoint_dir(lock, BEST)
-        checkpoint_dir(lock, LATEST)
-    if rt.ddp:
-        dist.barrier()
-    latest = out_dir / LATEST if (out_dir / LATEST).is_dir() else None
-    source = init_source(cfg, latest)  # train.init_from: None for scratch
-    prepared = _prepare(cfg, rt, source)
-    model_cfg = model_config_for(cfg, prepared) if source is None else init_model_config(cfg, source)
-    if latest is not None and tc.resume == "never":
-        raise UserError(f"out_dir '{out_dir}' already holds a checkpoint and train.resume=never: set "
-                        f"train.resume=auto to continue it, or choose another out_dir")
-    _check_memory(model_cfg, rt, tc.parallel == "fsdp")
-    model = GPT(model_cfg)  # FSDP: built whole on the CPU, then each process keeps its shard on the device
-    if source is not None and latest is None:
-        source.load_into(model)  # the pretrained weights; optimizer and schedule start fresh
+def build(plan: RunPlan) -> Run:
+    """The model, optimizers and loader the plan describes; the resume from out_dir/latest if there is one; then
+    the resolved config written to out_dir, the logger, compile/DDP wrapping and the attention monitor."""
+    cfg, rt, tc = plan.cfg, plan.rt, plan.cfg.train
+    seed_everything(cfg.seed)  # the model's initialisation does not depend on what resolving drew
+    model = GPT(plan.model_config)  # FSDP: built whole on the CPU, then each process keeps its shard on the device
+    if plan.source is not None and plan.latest is None:
+        plan.source.load_into(model)  # the pretrained weights; optimizer and schedule start fresh
+    model.set_fused_attention_float32(plan.precision.attention_float32)
     model = shard_model(model, rt) if tc.parallel == "fsdp" else model.to(rt.device)
     optimizers = build_optimizers(model, tc)
-    loader = BatchLoader(prepared.split_paths("train"), prepared.dtype, model_cfg.block_size, tc.batch_size,
-                         seed=cfg.seed, rank=rt.rank, world_size=rt.world_size, device=rt.device, split="train",
-                         vocab_size=prepared.tokenizer.vocab_size)
-    result = TrainResult(out_dir=out_dir, step=0, model=model)
-    tokenizer_spec, files = stored_tokenizer(prepared.tokenizer)
-    extra = {"tokenizer": tokenizer_spec, "data": data_fingerprint(prepared)}
-    if latest is not None and tc.parallel == "fsdp":
-        state = resume_sharded(latest, out_dir, model, optimizers, loader, extra, rt, tc.max_iters)
-    elif latest is not None:
-        if (latest / FSDP_STATE_FILE).is_file():
-            raise UserError(f"'{latest}' was saved by train.parallel=fsdp: resume it with train.parallel=fsdp, or "
-                            f"use another out_dir")
-        state = resume(latest, out_dir, model, optimizers, loader, extra, tc.max_iters)
-    if latest is not None:
+    optimizers.set_compute_dtype(rt.autocast_dtype)
+    prepared = plan.prepared
+    loader = BatchLoader(prepared.split_paths("train"), prepared.dtype, plan.model_config.block_size,
+                         tc.batch_size, seed=cfg.seed, rank=rt.rank, world_size=rt.world_size, device=rt.device,
+                         split="train", vocab_size=prepared.tokenizer.vocab_size)
+    result = TrainResult(out_dir=plan.out_dir, step=0, model=model)
+    if plan.resume_point is not None:
+        state = (resume_sharded(plan.resume_point, plan.out_dir, model, optimizers, loader, rt, tc.max_iters)
+                 if tc.parallel == "fsdp" else resume(plan.resume_point, plan.out_dir, model, optimizers, loader))
         result.step, result.best_val = state["step"], state["best_val"]
         result.skipped_steps = state.get("skipped_steps", 0)
     if rt.is_main:
-        with could_not_write(out_dir / "config.yaml", out_dir):
-            (out_dir / "config.yaml").write_text(config_to_yaml(cfg))
+        with could_not_write(plan.out_dir / "config.yaml", plan.out_dir):
+            (plan.out_dir / "config.yaml").write_text(config_to_yaml(cfg))
 
-    logger = RunLogger(cfg, rt.is_main, result.step, resumed=latest is not None)
-    if source is not None and latest is None:
-        full = source.config.block_size
-        context = f"; context cropped to {model_cfg.block_size} of its {full}" if model_cfg.block_size < full else ""
-        logger.write(f"starting from the weights of {tc.init_from} ({source.kind} checkpoint), with a fresh "
-                     f"optimizer and schedule; tokenizer {source.tokenizer!r}{context}")
+    logger = RunLogger(cfg, rt.is_main, result.step, resumed=plan.latest is not None)
     try:
-        return _finish_setup(cfg, rt, prepared, model, optimizers, loader, result, logger, latest, extra, files)
+        if plan.latest is not None:
+            logger.write(f"resuming from '{plan.latest}' at step {result.step} (best val {result.best_val:.4f})")
+        run = Run(cfg=cfg, rt=rt, out_dir=plan.out_dir, prepared=prepared, model=_wrap(model, rt),
+                  raw_model=model, optimizers=optimizers, loader=loader, extra=plan.extra, files=plan.files,
+                  logger=logger, monitor=None, result=result)
+        run.scaler = torch.amp.GradScaler("cuda") if rt.autocast_dtype == torch.float16 else None
+        run.tokens_per_step = tc.batch_size * tc.grad_accum * rt.world_size * plan.model_config.block_size
+        # each process runs 1/world_size of the step's tokens on its own device, measured against its own peak
+        run.device_flops_per_step = (model.flops_per_token(plan.model_config.block_size) * run.tokens_per_step
+                                     / rt.world_size)
+        run.peak_flops = tc.peak_flops or measure_peak_flops(rt.device, rt.autocast_dtype)
+        run.monitor = _attention_monitor(cfg, model, prepared, logger, rt, result.step)
+        return run
     except BaseException:
         if logger.bar is not None:
             logger.bar.close()  # end the progress bar's line first: the error printed next gets a line of its own
         raise
 
 
-def _finish_setup(cfg: RunConfig, rt: Runtime, prepared: PreparedData, model: GPT, optimizers: Optimizers,
-                  loader: BatchLoader, result: TrainResult, logger: RunLogger, latest: Path | None,
-                  extra: dict[str, Any], files: dict[str, bytes]) -> Run:
-    tc, model_cfg = cfg.train, model.config
-    logger.write(f"model: {model.num_params() / 1e6:.2f}M parameters, {model_cfg.n_layer} layers, "
-                 f"{model_cfg.n_head} heads ({model_cfg.n_kv_head} kv), d_model {model_cfg.d_model}, "
-                 f"block {model_cfg.block_size}; data: {prepared.train_tokens:,} train / "
-                 f"{prepared.val_tokens:,} val tokens; device {rt.device}"
-                 f"{', autocast ' + str(rt.autocast_dtype).replace('torch.', '') if rt.autocast_dtype else ''}"
-                 f"{f', {rt.world_size} processes' if rt.ddp else ''}"
-                 f"{', FSDP' if tc.parallel == 'fsdp' else ''}")
-    if latest is not None:
-        logger.write(f"resuming from '{latest}' at step {result.step} (best val {result.best_val:.4f})")
-
-    compiled, rt.compile = None, tc.compile is True
-    if needs_measurement(cfg.dtype, tc.compile) and tc.parallel == "fsdp":
-        # the shards' mixed precision is fixed when the model is sharded, and one process cannot time steps that
-        # need all of them: under FSDP, auto is not measured
-        logger.write(f"auto under FSDP (not timed): dtype {str(rt.autocast_dtype or 'float32').replace('torch.', '')}"
-                     f", compile {'on' if rt.compile else 'off'}")
-    elif needs_measurement(cfg.dtype, tc.compile):
-        choice, compiled = decide_precision(cfg, rt, model, optimizers, loader, tc.max_iters - result.step,
-                                            resumed=latest is not None, say=logger.write)
-        logger.write(choice.summary())
-    optimizers.set_compute_dtype(rt.autocast_dtype)
-    run = Run(cfg=cfg, rt=rt, out_dir=Path(cfg.out_dir), prepared=prepared,
-              model=_wrap(model, rt.compile, rt, compiled), raw_model=model, optimizers=optimizers, loader=loader,
-              extra=extra, files=files, logger=logger, monitor=None, result=result)
-    run.scaler = torch.amp.GradScaler("cuda") if rt.autocast_dtype == torch.float16 else None
-    run.tokens_per_step = tc.batch_size * tc.grad_accum * rt.world_size * model_cfg.block_size
-    # each process runs 1/world_size of the step's tokens on its own device, measured against its own peak
-    run.device_flops_per_step = model.flops_per_token(model_cfg.block_size) * run.tokens_per_step / rt.world_size
-    run.peak_flops = tc.peak_flops or measure_peak_flops(rt.device, rt.autocast_dtype)
-    run.monitor = _attention_monitor(cfg, model, prepared, logger, rt, result.step)
-    return run
-
-
-def _prepare(cfg: RunConfig, rt: Runtime, source: Any = None) -> PreparedData:
-    """The main process prepares the data; the others wait for it, then read the same bins. With
-    train.init_from, with the source's tokenizer; for the run's block size."""
-    tokenizer = source.tokenizer if source is not None else None
-    block_size = init_model_config(cfg, source).block_size if source is not None else cfg.model.block_size
-    if rt.is_main:
-        prepared = prepare_data(cfg.data, block_size=block_size, tokenizer=tokenizer)
-    if rt.ddp:
-        dist.barrier()
-    if not rt.is_main:
-        prepared = prepare_data(cfg.data, block_size=block_size, quiet=True, tokenizer=tokenizer)
-    return prepared
-
-
-def _check_memory(model_cfg: ModelConfig, rt: Runtime, sharded: bool) -> None:
-    """Refuse, before allocating, a model whose training state cannot fit: under FSDP the whole model is built
-    on the CPU first, then each process keeps 1/world_size of the weights, gradients and AdamW moments."""
-    if sharded:
-        check_fits_in_memory(model_cfg, "cpu", BYTES_FP32, source="this run's config",
-                             what="its weights, built whole before sharding")
-    per_param = max(1, TRAINING_BYTES_PER_PARAM // rt.world_size) if sharded else TRAINING_BYTES_PER_PARAM
-    check_fits_in_memory(model_cfg, rt.device, per_param, source="this run's config",
-                         what="its weights, gradients and AdamW moments")
-
-
-def _wrap(model: GPT, compile_model: bool, rt: Runtime, compiled: nn.Module | None = None) -> nn.Module:
-    """What runs forward: the model, compiled if asked (reusing `compiled` when the measurement made one),
-    inside DDP under torchrun (FSDP: already sharded)."""
-    wrapped: nn.Module = (compiled if compiled is not None else torch.compile(model)) if compile_model else model
+def _wrap(model: GPT, rt: Runtime) -> nn.Module:
+    """What runs forward: the model, compiled if the plan says so (when auto compiled a model of the same shape
+    to time it, torch reuses that compiled code), inside DDP under torchrun (FSDP: already sharded)."""
+    wrapped: nn.Module = torch.compile(model) if rt.compile else model
     if rt.ddp and not is_sharded(model):
         from torch.nn.parallel import DistributedDataParallel as DDP
         wrapped = DDP(wrapped, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
