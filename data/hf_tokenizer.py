@@ -24,8 +24,7 @@ from typing import Any
 from common.errors import UserError
 from common.json_file import read_bounded, read_json
 from common.schema import Fields, Int, Str, check, is_int
-from data.tokenizer import CharTokenizer, HFTokenizer, TiktokenTokenizer, byte_level_alphabet
-from data.tokenizer_json import tokenizer_from_json
+from data.tokenizer import CharTokenizer, HFTokenizer, TiktokenTokenizer, byte_level_alphabet, tokenizer_from_json
 from data.tokenizer_files import (SMALL_FILE_BYTES, TOKENIZER_FILE_BYTES, merges_of, read_generation_config,
                                   read_merges_txt, read_tokenizer_config, read_tokenizer_json, read_vocab_json)
 

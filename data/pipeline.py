@@ -32,8 +32,7 @@ from data.corpus import Corpus
 from data.source_errors import read_errors
 from data.shards import shard_name
 from data.splitting import group_rows, split_piece, text_split_point
-from data.tokenizer import CharTokenizer, HFTokenizer, TiktokenTokenizer
-from data.tokenizer_json import tokenizer_from_json
+from data.tokenizer import CharTokenizer, HFTokenizer, TiktokenTokenizer, tokenizer_from_json
 
 AnyTokenizer = CharTokenizer | TiktokenTokenizer | HFTokenizer
 CHAR_DOC_SEPARATOR = "\n"

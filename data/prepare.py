@@ -48,8 +48,7 @@ from data.sharded import WORK, encode_documents_sharded, read_plan, start_over, 
 from data.sources import (DATA_DIR_ENV, content_hash, data_dir, load_rows, resolve_corpus, sampled_file_stats,
                           slugify)
 from data.splitting import text_split_point
-from data.tokenizer import CharTokenizer, TiktokenTokenizer, Tokenizer
-from data.tokenizer_json import stored_tokenizer
+from data.tokenizer import CharTokenizer, TiktokenTokenizer, Tokenizer, stored_tokenizer
 
 PROG = "data.prepare"
 # version of the token streams (what is encoded, and how): in the fingerprint and the folder name. The

@@ -24,8 +24,7 @@ import numpy as np
 from common.errors import UserError
 from common.schema import is_int
 from data.shards import Shard, TokenStream, check_ids
-from data.tokenizer import Tokenizer
-from data.tokenizer_json import tokenizer_from_json
+from data.tokenizer import Tokenizer, tokenizer_from_json
 
 META_FILE = "meta.json"
 SPLITS = ("train", "val")

@@ -13,8 +13,7 @@ from common.config_io import from_dict
 from common.errors import UserError
 from data.config import DataConfig
 from data.splitting import (group_rows, split_piece, text_split_point, val_document_count, val_document_mask)
-from data.tokenizer import CharTokenizer, TiktokenTokenizer
-from data.tokenizer_json import tokenizer_from_json
+from data.tokenizer import CharTokenizer, TiktokenTokenizer, tokenizer_from_json
 
 
 def _gpt2_or_skip() -> TiktokenTokenizer:

@@ -9,8 +9,7 @@ import pytest
 pytest.importorskip("tokenizers", reason="the hf extra (tokenizers) is not installed")
 
 from common.errors import UserError  # noqa: E402
-from data.tokenizer import HFTokenizer  # noqa: E402
-from data.tokenizer_json import stored_tokenizer, tokenizer_from_json  # noqa: E402
+from data.tokenizer import HFTokenizer, stored_tokenizer, tokenizer_from_json  # noqa: E402
 from tests.hf_models import LLAMA_TEXT, llama_tokenizer_json  # noqa: E402
 
 TEXT = "The animal didn't cross the street because it was tired. naïve ½ <s> </s>\n"
