@@ -28,7 +28,7 @@ import torch
 from common.errors import UserError
 from data.loader import BatchLoader
 from data.prepare import PreparedData, prepare_data
-from data.tokenizer_json import stored_tokenizer
+from data.tokenizer import stored_tokenizer
 from model.config import ModelConfig
 from model.gpt import GPT
 from pretrained.load import Pretrained
