@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from data.hf_tokenizer import hf_tokenizer_files
-from data.tokenizer_json import stored_tokenizer
+from data.tokenizer import stored_tokenizer
 from pretrained.checkpoint import CONFIG_FILE
 from pretrained.hf.config_map import hf_architecture
 from pretrained.hf.export import check_out_dir, hf_files, write_model_folder

@@ -19,7 +19,7 @@ import torch
 from common.errors import UserError
 from common.json_file import read_json
 from data.hf_tokenizer import tokenizer_for_hf_folder
-from data.tokenizer_json import tokenizer_from_json
+from data.tokenizer import tokenizer_from_json
 from pretrained.checkpoint import (CONFIG_FILE, MAX_CONFIG_BYTES, WEIGHTS_FILE, CheckpointError, find_checkpoint,
                               load_checkpoint, read_config, read_weights)
 from model.config import ModelConfig

@@ -128,14 +128,10 @@ def save_sharded(out_dir: Path, name: str, model: nn.Module, optimizers: Any, ex
     dist.barrier()
 
 
-def load_sharded(latest: Path, out_dir: Path, model: nn.Module, optimizers: Any, loader: Any,
-                 rt: Runtime, max_iters: int) -> dict[str, Any]:
-    """Restore a sharded latest/ into this run's model, optimizer, loader and RNG; returns the saved
-    state (step, best_val, skipped_steps). A checkpoint that does not fit (counters out of range for
-    train.max_iters included) is a UserError, raised before anything is loaded."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-    import torch.distributed.checkpoint as dcp
-
+def read_sharded_state(latest: Path, out_dir: Path, world_size: int, max_iters: int) -> dict[str, Any]:
+    """The training state of a sharded latest/ (step, best_val, skipped_steps, each process's loader and RNG),
+    read and checked against this run's process count and train.max_iters before anything is loaded: a
+    checkpoint that does not fit is a UserError."""
     redo = f"use another out_dir, or delete '{out_dir}' to start over"
     path = latest / STATE_FILE
     if not path.is_file():
@@ -147,16 +143,26 @@ def load_sharded(latest: Path, out_dir: Path, model: nn.Module, optimizers: Any,
             state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # UnpicklingError for code in the pickle; truncated or damaged files
         raise UserError(f"cannot resume from '{path}' ({type(e).__name__}: {_reason(e)[:120]}): {redo}") from None
-    world = dist.get_world_size()
-    if not isinstance(state, dict) or not isinstance(state.get("ranks"), list) or state.get("world_size") != world \
-            or len(state["ranks"]) != world:
+    if not isinstance(state, dict) or not isinstance(state.get("ranks"), list) \
+            or state.get("world_size") != world_size or len(state["ranks"]) != world_size:
         saved = state.get("world_size") if isinstance(state, dict) else None
-        raise UserError(f"'{path}' was saved by {saved} processes and this run has {world}: resume with the same "
-                        f"number of processes (each one's data position is its own), or {redo}")
+        raise UserError(f"'{path}' was saved by {saved} processes and this run has {world_size}: resume with the "
+                        f"same number of processes (each one's data position is its own), or {redo}")
     try:
         check_counters(state, path, max_iters)
     except CheckpointError as e:
         raise UserError(f"cannot resume from '{latest}': {e}; {redo}") from None
+    return state
+
+
+def load_sharded(latest: Path, out_dir: Path, state: dict[str, Any], model: nn.Module, optimizers: Any, loader: Any,
+                 rt: Runtime) -> dict[str, Any]:
+    """Restore a sharded latest/ into this run's model, optimizer, loader and RNG, from its training state as
+    read_sharded_state checked it; returns that state (step, best_val, skipped_steps)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    import torch.distributed.checkpoint as dcp
+
+    redo = f"use another out_dir, or delete '{out_dir}' to start over"
     try:
         model_state, optim_state = get_state_dict(model, optimizers.optimizers)
         dcp.load({"model": model_state, "optim": optim_state}, checkpoint_id=str(latest / DCP_DIR))

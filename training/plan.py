@@ -77,7 +77,7 @@ def resolve_run(cfg: RunConfig, rt: Runtime, say: Callable[[str], None] = lambda
     check_memory(model_config, rt, cfg.train.parallel == "fsdp")
     tokenizer_spec, files = stored_tokenizer(prepared.tokenizer)
     extra = {"tokenizer": tokenizer_spec, "data": data_fingerprint(prepared)}
-    resume_point = (read_resume_point(latest, out_dir, model_config, extra, cfg.train)
+    resume_point = (read_resume_point(latest, out_dir, model_config, extra, cfg.train, rt.world_size)
                     if latest is not None else None)
     for line in describe(cfg, rt, source if latest is None else None, model_config, prepared):
         say(line)

@@ -24,7 +24,7 @@ from model.config import ModelConfig
 from model.gpt import GPT
 from training.checkpoint import STATE_FILE, load_train_state
 from training.config import TrainConfig
-from training.dist_checkpoint import STATE_FILE as FSDP_STATE_FILE, load_sharded
+from training.dist_checkpoint import STATE_FILE as FSDP_STATE_FILE, load_sharded, read_sharded_state
 from training.optim import Optimizers, build_optimizers
 from training.runtime import Runtime, set_rng_state
 from training.state_check import check_train_state
@@ -126,20 +126,22 @@ class ResumePoint:
     (`read_resume_point`, in training/plan.py), then put into the built run by `resume`."""
 
     latest: Path
-    weights: dict[str, torch.Tensor] | None  # None under FSDP: its shards are read and checked by DCP
-    state: dict[str, Any] | None  # the training state (step, best_val, optimizer, loader(s), rng); None under FSDP
+    weights: dict[str, torch.Tensor] | None  # None under FSDP: its shards are read and checked by DCP at load
+    # the training state: step, best_val, skipped_steps, and the optimizer, loader(s) and RNG (under FSDP each
+    # process's loader and RNG; the optimizer is in the shards)
+    state: dict[str, Any] | None
 
-    def take(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    def take(self) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
         """The weights and training state, handed over once: the plan holding this point then keeps no second
         copy of them alive while the run trains."""
         weights, state, self.weights, self.state = self.weights, self.state, None, None
-        if weights is None or state is None:
-            raise RuntimeError(f"the resume point of '{self.latest}' was already taken (or is an FSDP one)")
+        if state is None:
+            raise RuntimeError(f"the resume point of '{self.latest}' was already taken")
         return weights, state
 
 
 def read_resume_point(latest: Path, out_dir: Path, model_config: ModelConfig, extra: dict[str, Any],
-                      train_cfg: TrainConfig) -> ResumePoint:
+                      train_cfg: TrainConfig, world_size: int = 1) -> ResumePoint:
     """Read and check everything a resume loads (module doc) against the run's final model config and data
     (`extra`: the tokenizer and data fingerprint it records): weights and optimizer state are compared with a
     model and optimizers of that config built on the meta device, so nothing of the run is allocated yet. A
@@ -149,7 +151,8 @@ def read_resume_point(latest: Path, out_dir: Path, model_config: ModelConfig, ex
         check_same_data(saved, extra, out_dir)  # first: other data (a tokenizer of another size) explains a
         check_same_model(saved, model_config, out_dir)  # vocab_size that differs better than the shape does
         if train_cfg.parallel == "fsdp":
-            return ResumePoint(latest, weights=None, state=None)
+            return ResumePoint(latest, weights=None,
+                               state=read_sharded_state(latest, out_dir, world_size, train_cfg.max_iters))
         if (latest / FSDP_STATE_FILE).is_file():
             raise UserError(f"'{latest}' was saved by train.parallel=fsdp: resume it with train.parallel=fsdp, or "
                             f"use another out_dir")
@@ -182,7 +185,9 @@ def resume(point: ResumePoint, out_dir: Path, model: GPT, optimizers: Optimizers
 
 
 def resume_sharded(point: ResumePoint, out_dir: Path, model: nn.Module, optimizers: Optimizers, loader: Any,
-                   rt: Runtime, max_iters: int) -> dict[str, Any]:
-    """`resume` for an FSDP run (config and data checked by read_resume_point): the sharded weights and optimizer
-    state through torch.distributed.checkpoint (training/dist_checkpoint.py). Returns the training state."""
-    return load_sharded(point.latest, out_dir, model, optimizers, loader, rt, max_iters)
+                   rt: Runtime) -> dict[str, Any]:
+    """`resume` for an FSDP run (config, data and training state checked by read_resume_point): the sharded
+    weights and optimizer state through torch.distributed.checkpoint (training/dist_checkpoint.py). Returns the
+    training state."""
+    _, state = point.take()
+    return load_sharded(point.latest, out_dir, state, model, optimizers, loader, rt)

@@ -49,6 +49,11 @@ def could_not_write(path: str | Path, out_dir: str | Path) -> Iterator[None]:
         raise write_error(path, out_dir, e) from None
 
 
+def _unwritable(out_dir: Path, e: OSError) -> UserError:
+    return UserError(f"cannot write to out_dir '{out_dir}' ({e.strerror or e}): choose a writable folder "
+                     f"with out_dir=PATH")
+
+
 def make_out_dir(out_dir: Path) -> None:
     """Create out_dir (and its parents) and prove it writable with a probe file, before anything is written
     there: one line naming it otherwise."""
@@ -58,8 +63,7 @@ def make_out_dir(out_dir: Path) -> None:
         probe.write_text("ok")
         probe.unlink()
     except OSError as e:
-        raise UserError(f"cannot write to out_dir '{out_dir}' ({e.strerror or e}): choose a writable folder "
-                        f"with out_dir=PATH") from None
+        raise _unwritable(out_dir, e) from None
 
 
 class RunDirLock:
@@ -93,8 +97,7 @@ def lock_run_dir(out_dir: str | Path) -> RunDirLock:
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
-        raise UserError(f"cannot write to out_dir '{out_dir}' ({e.strerror or e}): choose a writable folder "
-                        f"with out_dir=PATH") from None
+        raise _unwritable(out_dir, e) from None
     try:
         import fcntl
     except ImportError:  # not POSIX

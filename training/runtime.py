@@ -19,8 +19,10 @@ from common.errors import UserError
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Runtime:
+    """Where and how a run executes; frozen: resolved once (training/plan.py), never changed afterwards."""
+
     device: torch.device
     autocast_dtype: torch.dtype | None  # None: plain float32; params always stay float32 (master weights)
     rank: int = 0

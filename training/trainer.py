@@ -157,7 +157,7 @@ def build(plan: RunPlan) -> Run:
                          split="train", vocab_size=prepared.tokenizer.vocab_size)
     result = TrainResult(out_dir=plan.out_dir, step=0, model=model)
     if plan.resume_point is not None:
-        state = (resume_sharded(plan.resume_point, plan.out_dir, model, optimizers, loader, rt, tc.max_iters)
+        state = (resume_sharded(plan.resume_point, plan.out_dir, model, optimizers, loader, rt)
                  if tc.parallel == "fsdp" else resume(plan.resume_point, plan.out_dir, model, optimizers, loader))
         result.step, result.best_val = state["step"], state["best_val"]
         result.skipped_steps = state.get("skipped_steps", 0)

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import torch
 
 from common.errors import UserError
-from common.json_file import read_json as read_bounded_json
+from common.json_file import read_json
 from common.schema import DictOf, Fields, Str, check
 from pretrained.checkpoint import MAX_CONFIG_BYTES
 from pretrained.safetensors_file import TensorInfo, open_safetensors, read_header
@@ -44,16 +44,11 @@ def is_hf_config(payload: Any) -> bool:
                                                                       or "architectures" in payload)
 
 
-def read_json(path: Path, what: str, limit: int = MAX_CONFIG_BYTES) -> Any:
-    """The JSON file `path`, bounded and strict (module doc); `what` names it in messages."""
-    return read_bounded_json(path, limit, what)
-
-
 def read_hf_config(folder: Path) -> dict[str, Any]:
     path = folder / CONFIG
     if not path.is_file():
         raise UserError(f"no {CONFIG} in '{folder}': not a Hugging Face model folder")
-    payload = read_json(path, CONFIG)
+    payload = read_json(path, MAX_CONFIG_BYTES, CONFIG)
     if not is_hf_config(payload):
         raise UserError(f"'{path}' is not a Hugging Face model config (no model_type or architectures)")
     return payload
@@ -82,7 +77,7 @@ def weight_files(folder: Path) -> list[Path]:
     """The safetensors files holding the model: model.safetensors, or every shard the index lists."""
     index = folder / INDEX
     if index.is_file():
-        payload = read_json(index, INDEX, MAX_INDEX_BYTES)
+        payload = read_json(index, MAX_INDEX_BYTES, INDEX)
         check(payload, INDEX_SCHEMA, f"'{index}'", "the shard index is damaged: fetch the model again")
         if not payload["weight_map"]:
             raise UserError(f"'{index}' has an empty weight_map: the shard index is damaged")
