@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_check.sh            (from anywhere; it cd's to the repository root)
 #
-# Its commands are checked without a GPU by tests/test_gpu_check.py (configs and overrides load, every
+# Its commands are checked without a GPU by tests/benchmarks/test_gpu_check.py (configs and overrides load, every
 # script's parser reads its arguments): keep each step a single `step NAME LIMIT "$PY" ...` line.
 #
 # Through the device tool, from the repository root here:

@@ -10,7 +10,7 @@ window shifted by one (the next-token targets). On top of that:
   so a seed fixes the whole stream and train and val streams differ.
 - DDP: rank r of world_size W draws global batches r, r + W, r + 2W, ...: every rank draws its own
   windows, and W processes with A micro-batches each see exactly the batches one process with W*A
-  micro-batches sees in the same step (so their losses agree, tests/test_ddp.py).
+  micro-batches sees in the same step (so their losses agree, tests/training/test_parallel_ddp.py).
 - Resumption: the position in the stream is one number, the batches drawn (`state_dict()`, plain JSON);
   `load_state_dict()` continues exactly where the saved run was.
 - The memmaps are re-opened for every batch (as nanoGPT does): a long-lived np.memmap keeps every page it

@@ -152,7 +152,7 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
 # complex numbers and rotates with one complex multiply on the contiguous (B, T, heads, head_dim) tensor
 # (several times faster on a CPU than the same rotation written as six real ops); compiled code does the
 # same arithmetic on real tensors, which the compiler fuses into one kernel (it does not generate code
-# for complex operators). Both give the same numbers (tests/test_model.py).
+# for complex operators). Both give the same numbers (tests/model/test_gpt.py).
 # --------------------------------------------------------------------------------------------------------------------
 
 def rope_frequencies(head_dim: int, max_len: int, theta: float = 10000.0,

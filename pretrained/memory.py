@@ -26,7 +26,7 @@ MODULE_BYTES_PER_LAYER = 64_000
 
 def param_count(config: ModelConfig) -> int:
     """The model's distinct parameters (a tied LM head counts once), from the config alone: equal to
-    GPT(config).num_params(), which tests/test_memory.py checks over many configs."""
+    GPT(config).num_params(), which tests/pretrained/test_memory.py checks over many configs."""
     d, hd, bias = config.d_model, config.head_dim, int(config.bias)
     norm = d if config.norm == "rmsnorm" else d + bias * d  # RMSNorm never has a bias
     qkv_out = (config.n_head + 2 * config.n_kv_head) * hd

@@ -116,7 +116,7 @@ RULES_DOC = [
     "model's files (`model.safetensors`, `model.safetensors.index.json`, `train_state.pt`, `fsdp_state.pt`). "
     "`convert.py --force` replaces only a folder convert.py wrote itself (it holds `.attngpt-convert.json` and no "
     "subfolder), and never the source of the conversion, a folder inside it or one holding it. Tests: "
-    "`test_write_boundaries.py`.",
+    "`common/test_paths_write_boundaries.py`.",
     "- **What an override's text means** (`common/config_io.py`). For a setting that takes a "
     "string (`out_dir`, the data paths and names, `device`, `train.init_from`, `wandb.*`, `attn.probe_text`, the "
     "choices such as `dtype`) the value is the literal text: `out_dir=runs/exp #2` is the folder `runs/exp #2`, and "
@@ -126,7 +126,7 @@ RULES_DOC = [
     "starts with `[`; `train.compile` reads true and false. Every other setting is read as YAML, and refused, "
     "naming the key, when YAML would drop part of the text (a comment, `#...`) or fold a line break into a space. "
     "A key that is not a setting keeps its text and is refused by name. `python -m data.prepare` reads only the "
-    "overrides of `data.*` and `model.block_size`. Tests: `test_override_text.py`.",
+    "overrides of `data.*` and `model.block_size`. Tests: `common/test_config_io_overrides.py`.",
     "- **`~` is the home folder** in every path setting, from the config file or an override: `out_dir`, "
     "`data.path`, `data.data_files`, `data.name` (a local dataset folder), `train.init_from`; and in the config "
     "path and the path flags of sample.py and convert.py. The command a finished run prints to sample it is "
@@ -145,14 +145,14 @@ RULES_DOC = [
     "one, and every batch the loader draws: `data/shards.py`), not hashed: an edit of a shard that keeps its ids "
     "inside the vocabulary is not seen (`--force` prepares again). Folders fingerprinted when only the first "
     "and last MiB of each file were hashed are prepared again, once (where the data folder is not writable, one "
-    "whose files match by those MiB is used as it is, with a warning). Tests: `test_prepare_fingerprint.py`.",
+    "whose files match by those MiB is used as it is, with a warning). Tests: `data/test_prepare_fingerprint.py`.",
     "- **A corpus file that is not what its format says** (`data/source_errors.py`). After a failed read, each local "
     "parquet, json, csv, text or arrow file is opened with its format's reader and the first one refused is named "
     "with the reason, in one line, streamed or not and with any `data.num_proc` (a worker's traceback is "
-    "unwrapped to its last line). Tests: `test_corpus_formats.py`.",
+    "unwrapped to its last line). Tests: `data/test_source_errors.py`.",
     "- **Sampling memory** (`pretrained/memory.py`: `generation_bytes`). Before generating, sample.py checks a lower "
     "bound of what its `--num-samples` need against the device's memory, with the KV cache (the cache, the "
     "prefill) or without it (`--no-kv-cache`: the whole window's activations at every step). Tests: "
-    "`test_generation_memory.py`.",
+    "`pretrained/test_memory.py`.",
     "",
 ]

@@ -1,4 +1,4 @@
-"""The headless browser the explorer's tests drive (tests/test_explorer_browser.py, test_explorer_text_view.py):
+"""The headless browser the explorer's tests drive (tests/insight/test_explorer_browser.py, insight/test_explorer_text_view.py):
 Chromium through Selenium, one per test module, opening pages straight from disk (file://). Skipped, saying
 why, only where no Chromium or chromedriver is installed (`.ci/run` installs Debian's `chromium` and
 `chromium-driver`)."""
