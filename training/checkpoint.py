@@ -11,7 +11,7 @@ is read with `torch.load(weights_only=True)`, which refuses anything else instea
 
 Test hook: with `ATTNGPT_TEST_SAVE_DELAY=<seconds>` in the environment, a save sleeps that long once the
 temporary folder is complete and again between the two renames, so a crash test can kill a run inside
-those windows on purpose (tests/test_reliability.py). Unset (always, outside tests), it does nothing.
+those windows on purpose (tests/training/test_checkpoint_reliability.py). Unset (always, outside tests), it does nothing.
 """
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ def call_interruptibly(fn: Callable[[], Any], poll_s: float = 0.1) -> Any:
     raised here within poll_s. wandb.init blocks its caller on a lock for up to wandb.init_timeout; POSIX
     lets the kernel hand a process's signal to any of its threads (wandb's, torch's), and one caught there
     only sets Python's flag: it does not wake that wait, so Ctrl-C would wait out the timeout
-    (tests/test_wandb_start.py shows both). Interrupted, fn goes on in its daemon thread until it returns
+    (tests/training/test_logger_wandb.py shows both). Interrupted, fn goes on in its daemon thread until it returns
     or the process exits."""
     outcome: dict[str, Any] = {}
     done = threading.Event()

@@ -20,12 +20,12 @@ whose weights + Adam state (16 bytes per parameter in fp32) do not fit one GPU t
   weights it is a collective, so every process runs it (`MonitorFollower` on ranks other than 0).
 - Checkpoints: training/dist_checkpoint.py.
 
-FSDP2 on CPU with gloo (torch 2.13), as found here (tests/test_fsdp.py, the 124M dry run in
-tests/test_gpt2_recipe.py, and probes of each feature):
+FSDP2 on CPU with gloo (torch 2.13), as found here (tests/training/test_parallel_fsdp.py, the 124M dry run in
+tests/cli/test_train_gpt2_recipe.py, and probes of each feature):
 - works: fully_shard per block + root, fp32 and bf16 params (gloo's all-gather and reduce-scatter take
   fp32, bf16 and fp16, AVG included), fused AdamW and clip_grad_norm_ over DTensors, Muon
   (training/muon.py gathers each row-sharded matrix, orthogonalises it whole and keeps its own rows:
-  tests/test_muon.py),
+  tests/training/test_muon.py),
   torch.compile of the sharded model, torch.distributed.checkpoint save/load, full state dicts.
 - does not work: CPUOffloadPolicy (parameters offloaded to host memory) raises "Cannot access accelerator
   device when none is available": offloading needs a GPU; attngpt does not use it.
