@@ -14,6 +14,7 @@ as it is no longer referenced (no plt.close needed).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -114,12 +115,29 @@ def cell_labels(ax, axis: str) -> list[tuple[float, str, float]]:
     return sorted(found)
 
 
-def _draw_grid(panels: np.ndarray, heads: list[int], ticks: list[int], names: list[str], panel: float,
-               fontsize: float, rotate: bool, title: str, xlabel: str, ylabel: str,
+@dataclass(frozen=True)
+class _CellLabels:
+    """How a grid's panels are labelled: names[i] beside cell ticks[i], at fontsize, the x labels rotated
+    a quarter turn with rotate. The layout sizes its margins from these, so they travel together."""
+    ticks: list[int]
+    names: list[str]
+    fontsize: float
+    rotate: bool
+
+
+@dataclass(frozen=True)
+class _Captions:
+    """The texts around a grid: the figure's title ("" for none) and the two axis labels."""
+    title: str
+    xlabel: str
+    ylabel: str
+
+
+def _draw_grid(panels: np.ndarray, heads: list[int], panel: float, labels: _CellLabels, captions: _Captions,
                every_panel: bool = False) -> "Figure":
     """panels (len(heads), n, n), the causal maps or their causal crops (the future is the upper triangle),
-    as a near-square grid titled "head h"; tick labels on the outer edges of the grid (every panel's
-    edges with every_panel); one √ colour scale.
+    as a near-square grid titled "head h", each panel `panel` inches square; tick labels on the outer edges
+    of the grid (every panel's edges with every_panel); one √ colour scale.
 
     The layout is computed here, from the panel size and the longest tick label, not by matplotlib's
     constrained layout: that measures every label's extent at each save, half of the drawing time of a
@@ -128,6 +146,8 @@ def _draw_grid(panels: np.ndarray, heads: list[int], ticks: list[int], names: li
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    ticks, names, fontsize, rotate = labels.ticks, labels.names, labels.fontsize, labels.rotate
+    title, xlabel, ylabel = captions.title, captions.xlabel, captions.ylabel
     n = panels.shape[-1]
     ncols = math.ceil(math.sqrt(len(heads)))
     nrows = math.ceil(len(heads) / ncols)
@@ -209,7 +229,8 @@ def draw_heatmap(weights: ArrayLike, tokens: Sequence[str] | None = None, title:
     fontsize = min(8.0, 0.8 * panel * 72 / T) if labelled else 7.0
     ticks = list(range(T)) if labelled else list(range(0, T, max(1, math.ceil(T / 8))))  # ~8 numbered ticks
     names = [token_label(t) for t in tokens] if labelled else [str(t) for t in ticks]
-    fig = _draw_grid(w[heads], heads, ticks, names, panel, fontsize, labelled, title, "key", "query")
+    fig = _draw_grid(w[heads], heads, panel, _CellLabels(ticks, names, fontsize, rotate=labelled),
+                     _Captions(title, "key", "query"))
     if path is not None:
         fig.savefig(path, format="png", dpi=100)
     return fig
@@ -239,9 +260,9 @@ def draw_heatmap_zoom(weights: ArrayLike, tokens: Sequence[str] | None, path: st
              else [str(start + i) for i in ticks])
     span = f"positions {start}..{T - 1}" if n > 1 else f"position {start}"
     head_line = f"last {n} queries × their last {n} keys ({span} of {T})"
-    fig = _draw_grid(w[heads][:, start:, start:], heads, ticks, names, panel, fontsize, True,
-                     f"{title}: {head_line}" if title else head_line, f"key ({span})", f"query ({span})",
-                     every_panel=True)
+    captions = _Captions(f"{title}: {head_line}" if title else head_line, f"key ({span})", f"query ({span})")
+    fig = _draw_grid(w[heads][:, start:, start:], heads, panel, _CellLabels(ticks, names, fontsize, rotate=True),
+                     captions, every_panel=True)
     if path is not None:
         fig.savefig(path, format="png", dpi=100)
     return fig
