@@ -45,7 +45,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]  # the repository (model/, ...) and
 import torch  # noqa: E402
 
 import _report  # noqa: E402
-from insight.explorer import MAX_BYTES, explorer_html  # noqa: E402
+from insight.explorer import MAX_BYTES, ExplorerOptions, explorer_html  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
 
 TEXT_SOURCES = [HERE.parent / "data" / "cache" / "tinyshakespeare" / "input.txt",
@@ -163,7 +163,7 @@ def main() -> None:
             internals = model.attention_internals(idx)
             t_internals = time.perf_counter() - t0
             t0 = time.perf_counter()
-            html = explorer_html(internals, tokens, info=f"{draw} weights", n_layer=cfg.n_layer)
+            html = explorer_html(internals, tokens, options=ExplorerOptions(info=f"{draw} weights", n_layer=cfg.n_layer))
             t_build = time.perf_counter() - t0
             path = Path(tmp) / f"explorer_{draw}.html"
             path.write_text(html, encoding="utf-8")

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from insight.ablation import ablation_dloss
-from insight.explorer import HEAD_SCORE_NAMES, write_explorer
+from insight.explorer import HEAD_SCORE_NAMES, ExplorerOptions, HeadScores, write_explorer
 from insight.heatmap import draw_heatmap
 from insight.roles import prev_token_score, probe_length, probe_role_scores, role_probe
 from insight.value_weighted import internals_value_norms
@@ -158,6 +158,7 @@ def dump_internals(internals: dict[int, AttentionInternals], heads_by_layer: dic
                              out_dir, token_ids=token_ids,
                              value_norms={layer: internals_value_norms(it)[0] for layer, it in internals.items()},
                              head_scores=head_scores)
-    html = write_explorer(out_dir / "attention.html", internals, tokens, heads_by_layer, title=title, n_layer=n_layer,
-                          head_scores=head_scores, scores_note=scores_note)
+    html = write_explorer(out_dir / "attention.html", internals, tokens, heads_by_layer,
+                          options=ExplorerOptions(title=title, n_layer=n_layer),
+                          scores=HeadScores(head_scores or {}, scores_note))
     return [*written, html]

@@ -1,6 +1,8 @@
 """The attention explorer: one self-contained HTML file that shows what every head attends to.
 
     html = explorer_html(model.attention_internals(idx), tokens)    # or write_explorer(path, ...)
+    html = explorer_html(internals, tokens, options=ExplorerOptions(title="step 100", window=128),
+                         scores=HeadScores(*prompt_head_scores(model, idx, tokenizer)))  # insight.dump's
 
 Views: the head view (tokens in two columns, lines from a token to what it attends to, weight as
 opacity, one colour per head, heads toggled, layer chosen; a toggle draws value-weighted attention
@@ -10,7 +12,7 @@ weights: "it" → "animal" 0.65, "street" 0.20, ...; the first view when the pro
 TEXT_VIEW_TOKENS tokens or is char-level), the model view (every layer x head as a small map; click one
 to open it), the step-by-step arithmetic of one (layer, head, query) with the model's own q, k and v,
 and the per-head statistics as a table sorted by any column, with what each head does when the caller
-passes `head_scores` (insight/dump.prompt_head_scores: prev_token, duplicate_token, induction,
+passes `scores` (HeadScores of insight/dump.prompt_head_scores: prev_token, duplicate_token, induction,
 ablation_dloss of every layer) and a role label per head by insight.roles.role_label's thresholds;
 a click on a row opens that head.
 
@@ -24,9 +26,11 @@ fill what is left of `max_bytes` (pack.py says in which order).
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import math
 import re
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Sequence
@@ -72,6 +76,29 @@ def _render(meta: dict, data: bytes, detail: bytes) -> str:
     return _SLOT.sub(lambda m: slots[m.group(1)], _asset("template.html"))  # one pass: inserted text is never re-read
 
 
+@dataclass(frozen=True)
+class ExplorerOptions:
+    """How the page is made: its title and header line (info, e.g. the step), the model's depth for the
+    header (n_layer; default: the largest layer + 1), how many tokens it shows (window), its size budget
+    (max_bytes) and the batch item drawn. Frozen: one default instance serves every call."""
+    title: str = "attngpt attention"
+    info: str = ""
+    n_layer: int | None = None
+    window: int = WINDOW
+    max_bytes: int = MAX_BYTES
+    item: int = 0
+
+
+@dataclass(frozen=True)
+class HeadScores:
+    """What each head does, for the Statistics tab: values {name: (n_layer, n_head) array} for names of
+    HEAD_SCORE_NAMES (any subset; row l is layer l, every layer of the model, NaN allowed) and a note saying
+    what they were measured on. One record, since the note only means something beside its scores;
+    insight.dump.prompt_head_scores returns exactly these two."""
+    values: dict[str, np.ndarray]
+    note: str = ""
+
+
 def _scores_meta(head_scores: dict[str, np.ndarray] | None, n_head: int) -> dict:
     """head_scores {name: (n_layer, n_head)} -> the page's {"scores": {name: [[...] per layer]}, "roles":
     [[label per head] per layer]} (NaN as null), checked: known names, one shape for all."""
@@ -93,16 +120,15 @@ def _scores_meta(head_scores: dict[str, np.ndarray] | None, n_head: int) -> dict
 
 
 def explorer_html(internals: dict[int, AttentionInternals], tokens: Sequence[str],
-                  selected: dict[int, list[int]] | None = None, *, n_layer: int | None = None,
-                  title: str = "attngpt attention", info: str = "", window: int = WINDOW,
-                  max_bytes: int = MAX_BYTES, item: int = 0, head_scores: dict[str, np.ndarray] | None = None,
-                  scores_note: str = "") -> str:
-    """The explorer page for GPT.attention_internals(idx, layers) (batch item `item`) over `tokens` (one
-    string per position). selected: {layer: heads} shown first (default all heads); n_layer: the model's
-    depth, for the header (default: the largest layer + 1); info: a line for the header (e.g. the step).
-    head_scores: {name: (n_layer, n_head) array} for names of HEAD_SCORE_NAMES (any subset; row l is
-    layer l, every layer of the model, NaN allowed), shown in the Statistics tab beside the maps'
-    statistics with a role label per head; scores_note says what they were measured on."""
+                  selected: dict[int, list[int]] | None = None, *, options: ExplorerOptions = ExplorerOptions(),
+                  scores: HeadScores | None = None) -> str:
+    """The explorer page for GPT.attention_internals(idx, layers) (batch item `options.item`) over `tokens`
+    (one string per position). selected: {layer: heads} shown first (default all heads); options: the
+    page's title, header, window and size budget (ExplorerOptions). scores, when given, are shown in the
+    Statistics tab beside the maps' statistics with a role label per head, and their note with them."""
+    title, info, n_layer = options.title, options.info, options.n_layer
+    window, max_bytes, item = options.window, options.max_bytes, options.item
+    head_scores, scores_note = (None, "") if scores is None else (scores.values, scores.note)
     layers = sorted(internals)
     if not layers:
         raise ValueError("no layers to show")
@@ -167,8 +193,24 @@ def explorer_html(internals: dict[int, AttentionInternals], tokens: Sequence[str
 
 
 def write_explorer(path: str | Path, internals: dict[int, AttentionInternals], tokens: Sequence[str],
-                   selected: dict[int, list[int]] | None = None, **kwargs) -> Path:
+                   selected: dict[int, list[int]] | None = None, *, options: ExplorerOptions = ExplorerOptions(),
+                   scores: HeadScores | None = None, **old_keywords) -> Path:
     """explorer_html(...) written to path (UTF-8); returns the path."""
+    if old_keywords:
+        options, scores = _from_old_keywords(options, scores, old_keywords)
     path = Path(path)
-    path.write_text(explorer_html(internals, tokens, selected, **kwargs), encoding="utf-8")
+    path.write_text(explorer_html(internals, tokens, selected, options=options, scores=scores), encoding="utf-8")
     return path
+
+
+def _from_old_keywords(options: ExplorerOptions, scores: HeadScores | None,
+                       old: dict) -> tuple[ExplorerOptions, HeadScores | None]:
+    """explorer_html's keywords from before ExplorerOptions and HeadScores (title=, max_bytes=, head_scores=,
+    scores_note=, ...) folded into the two records. Only for training/attn_monitor.py, which still passes
+    them and is not this change's to edit: remove once it passes options= and scores=."""
+    old = dict(old)
+    values, note = old.pop("head_scores", None), old.pop("scores_note", None)
+    options = dataclasses.replace(options, **old)  # a name that was never a keyword is a TypeError here
+    if values is not None or note is not None:
+        scores = HeadScores(values or {}, note or "")
+    return options, scores

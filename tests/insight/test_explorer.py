@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from insight.dump import dump_internals
-from insight.explorer import explorer_html
+from insight.explorer import ExplorerOptions, HeadScores, explorer_html
 from insight.explorer.pack import choose_detail, dequantise_rows, detail_order, quantise_rows
 from insight.stats import head_stats
 from insight.value_weighted import value_norms, value_weighted
@@ -162,7 +162,8 @@ def test_page_holds_the_model_numbers_and_nothing_remote(tmp_path):
     idx = ids(24)
     internals = model.attention_internals(idx)
     tokens = [f"<t{i}>" for i in idx[0].tolist()]
-    html = explorer_html(internals, tokens, {0: [0, 1, 2, 3], 1: [2]}, title="a </script> title")
+    html = explorer_html(internals, tokens, {0: [0, 1, 2, 3], 1: [2]},
+                         options=ExplorerOptions(title="a </script> title"))
     # self-contained: no address is loaded, a policy forbids any, and no tag is broken by a token
     assert 'http-equiv="Content-Security-Policy" content="default-src \'none\'' in html
     assert re.findall(r"https?://[^\s\"'<>]+", html) == ["http://www.w3.org/2000/svg"]  # a namespace name, not loaded
@@ -192,20 +193,23 @@ def test_long_inputs_are_cut_to_the_window_and_q_k_v_to_the_budget():
     model = lively_model(seed=6, block_size=64)
     idx = ids(60)
     internals = model.attention_internals(idx)
-    full = explorer_html(internals, [str(t) for t in idx[0].tolist()], window=40)
+    full = explorer_html(internals, [str(t) for t in idx[0].tolist()], options=ExplorerOptions(window=40))
     meta, data, detail = page_data(full)
     assert meta["window"] == 40 and meta["n_tokens"] == 60 and len(meta["labels"]) == 40
     assert array(data, meta["arrays"]["scale.0"]).shape == (4, 40)
     np.testing.assert_array_equal(array(detail, meta["detail_arrays"]["q.0.0"]), internals[0].q[0, 0, :40].numpy())
     # a budget that fits the weights and about two heads' q, k, v: the file stays within it
-    no_detail = len(explorer_html(internals, [str(t) for t in idx[0].tolist()], window=40, max_bytes=1).encode())
+    no_detail = len(explorer_html(internals, [str(t) for t in idx[0].tolist()],
+                                  options=ExplorerOptions(window=40, max_bytes=1)).encode())
     head = 40 * 8 * 4 * 4 / 3  # one array, base64
     budget = int(no_detail + 7 * head + 2000)
-    small = explorer_html(internals, [str(t) for t in idx[0].tolist()], window=40, max_bytes=budget)
+    small = explorer_html(internals, [str(t) for t in idx[0].tolist()],
+                          options=ExplorerOptions(window=40, max_bytes=budget))
     meta = page_data(small)[0]
     assert len(small.encode()) <= budget
     assert meta["detail_heads"] == {"0": [0, 1]}, meta["detail_heads"]
-    assert page_data(explorer_html(internals, [str(t) for t in idx[0].tolist()], max_bytes=1))[2] == b""
+    assert page_data(explorer_html(internals, [str(t) for t in idx[0].tolist()],
+                                   options=ExplorerOptions(max_bytes=1)))[2] == b""
 
 
 def test_dump_writes_value_weighted_arrays_and_the_page(tmp_path):
@@ -314,7 +318,7 @@ def test_a_one_token_prompt_has_no_prev_token_or_ablation_score_and_says_why(tmp
     assert np.isnan(scores["prev_token"]).all() and np.isnan(scores["ablation_dloss"]).all()
     assert np.isfinite(scores["duplicate_token"]).all() and np.isfinite(scores["induction"]).all()  # the probe is fine
     assert "1-token prompt" in note and "NaN" in note
-    html = explorer_html(model.attention_internals(ids(1)), ["a"], head_scores=scores, scores_note=note)
+    html = explorer_html(model.attention_internals(ids(1)), ["a"], scores=HeadScores(scores, note))
     meta = page_data(html)[0]
     assert meta["scores"]["ablation_dloss"] == [[None] * 4, [None] * 4]  # NaN travels as null
     # a block too short for the role probe (1 + 2R positions, R >= 1): those two NaN, the rest measured
@@ -331,14 +335,15 @@ def test_head_scores_are_checked_and_labelled():
     tokens = list("abcdef")
     score = np.zeros((2, 4))
     with pytest.raises(ValueError, match="unknown score"):
-        explorer_html(internals, tokens, head_scores={"induktion": score})
+        explorer_html(internals, tokens, scores=HeadScores({"induktion": score}))
     with pytest.raises(ValueError, match=r"\(n_layer, 4\)"):
-        explorer_html(internals, tokens, head_scores={"induction": np.zeros((2, 3))})
+        explorer_html(internals, tokens, scores=HeadScores({"induction": np.zeros((2, 3))}))
     with pytest.raises(ValueError, match=r"\(n_layer, 4\)"):
-        explorer_html(internals, tokens, head_scores={"induction": score, "prev_token": np.zeros((3, 4))})
+        explorer_html(internals, tokens, scores=HeadScores({"induction": score, "prev_token": np.zeros((3, 4))}))
     induction, prev = score.copy(), score.copy()
     induction[1, 2], prev[0, 1], prev[1, 2] = 0.41, 0.9, 0.9  # induction wins where both pass
-    meta = page_data(explorer_html(internals, tokens, head_scores={"induction": induction, "prev_token": prev}))[0]
+    scores = HeadScores({"induction": induction, "prev_token": prev})
+    meta = page_data(explorer_html(internals, tokens, scores=scores))[0]
     assert meta["score_names"] == ["prev_token", "induction"]
     assert meta["roles"] == [["", "previous-token", "", ""], ["", "", "induction", ""]]
     assert meta["role_rules"] == [["induction", "induction", 0.4], ["previous-token", "prev_token", 0.4],

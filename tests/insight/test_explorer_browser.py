@@ -12,7 +12,7 @@ import pytest
 
 from data.tokenizer import CharTokenizer
 from insight.dump import dump_internals, prompt_head_scores
-from insight.explorer import write_explorer
+from insight.explorer import ExplorerOptions, HeadScores, write_explorer
 from insight.explorer.pack import dequantise_rows, quantise_rows
 from insight.roles import role_label
 from tests.explorer_browser import browser, open_page  # noqa: F401 (browser: a fixture)
@@ -169,7 +169,7 @@ def test_model_view_and_statistics(browser, dumped):
 def test_a_head_without_stored_q_k_v_says_how_to_get_them(browser, dumped, tmp_path):
     from selenium.webdriver.common.by import By
     _, _, internals, tokens = dumped
-    page = write_explorer(tmp_path / "small.html", internals, tokens, max_bytes=1)  # room for the weights only
+    page = write_explorer(tmp_path / "small.html", internals, tokens, options=ExplorerOptions(max_bytes=1))  # room for the weights only
     open_page(browser, page)
     text = browser.find_element(By.ID, "step-missing").text
     assert "sample.py --dump-attn 0:0" in text
@@ -268,7 +268,7 @@ def test_a_role_label_per_head_from_the_scores_given(browser, dumped, tmp_path):
     scores["duplicate_token"][0, 3] = 0.5
     scores["prev_token"][1, 0] = 0.4  # not above the threshold
     scores["ablation_dloss"][0, 0] = np.nan
-    page = write_explorer(tmp_path / "roles.html", internals, tokens, head_scores=scores, scores_note="over the probe")
+    page = write_explorer(tmp_path / "roles.html", internals, tokens, scores=HeadScores(scores, "over the probe"))
     open_page(browser, page)
     from selenium.webdriver.common.by import By
     browser.find_element(By.ID, "tab-stats").click()

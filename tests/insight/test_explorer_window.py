@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from insight.explorer import explorer_html
+from insight.explorer import ExplorerOptions, explorer_html
 from insight.explorer.pack import dequantise_rows
 from insight.stats import head_stats
 from insight.value_weighted import internals_value_norms
@@ -20,7 +20,7 @@ def test_the_page_holds_the_first_window_tokens_and_their_maps_only(T, window):
     idx = ids(T, seed=5)
     tokens = [f"t{i}" for i in range(T)]  # every position its own label: a cut elsewhere shows
     W = min(T, window)
-    meta, data, detail = page_data(explorer_html(model.attention_internals(idx), tokens, window=window))
+    meta, data, detail = page_data(explorer_html(model.attention_internals(idx), tokens, options=ExplorerOptions(window=window)))
     head = model.attention_internals(idx[:, :W])  # the model over the first W tokens alone
     assert (meta["n_tokens"], meta["window"], meta["labels"]) == (T, W, tokens[:W])
     for layer in (0, 1):
@@ -45,7 +45,7 @@ def test_the_page_holds_the_first_window_tokens_and_their_maps_only(T, window):
 def test_a_window_of_one_keeps_the_first_token():
     model = lively_model(seed=4)
     idx = ids(9, seed=2)
-    meta, data, _ = page_data(explorer_html(model.attention_internals(idx), list("abcdefghi"), window=1))
+    meta, data, _ = page_data(explorer_html(model.attention_internals(idx), list("abcdefghi"), options=ExplorerOptions(window=1)))
     assert (meta["window"], meta["labels"]) == (1, ["a"])
     assert array(data, meta["arrays"]["attn.0"]).tolist() == [[255]] * 4  # query 0 sees key 0 only: weight 1
     np.testing.assert_allclose(array(data, meta["arrays"]["scale.0"]), np.ones((4, 1)), rtol=1e-6)
