@@ -138,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
     from common.device import resolve_device
     from common.paths import check_outside_runs
     from insight.dump import dump_internals, parse_layer_heads, prompt_head_scores
+    from insight.explorer import ExplorerOptions, HeadScores
     from pretrained.memory import device_memory, generation_bytes, human_bytes, param_count
     from model.generate import generate
     from pretrained.load import open_pretrained
@@ -183,8 +184,8 @@ def run(args: argparse.Namespace) -> int:
         out_dir = dump_dir
         try:
             written = dump_internals(internals, heads, tokenizer.token_strings(ids), out_dir, token_ids=ids,
-                                     title=f"attention of {source.label}", n_layer=cfg.n_layer,
-                                     head_scores=scores, scores_note=scores_note)
+                                     options=ExplorerOptions(title=f"attention of {source.label}", n_layer=cfg.n_layer),
+                                     scores=HeadScores(scores, scores_note))
         except OSError as e:  # a --dump-dir that is a file, or not writable
             raise UserError(f"cannot write attention maps into '{out_dir}': {e.strerror or e}; "
                             f"pass a writable folder with --dump-dir") from None

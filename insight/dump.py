@@ -146,19 +146,18 @@ def dump_attention(weights_by_layer: dict[int, torch.Tensor], heads_by_layer: di
 
 
 def dump_internals(internals: dict[int, AttentionInternals], heads_by_layer: dict[int, list[int]],
-                   tokens: Sequence[str], out_dir: str | Path, token_ids: Sequence[int] | None = None,
-                   title: str = "attngpt attention", n_layer: int | None = None,
-                   head_scores: dict[str, np.ndarray] | None = None, scores_note: str = "") -> list[Path]:
+                   tokens: Sequence[str], out_dir: str | Path, token_ids: Sequence[int] | None = None, *,
+                   options: ExplorerOptions = ExplorerOptions(), scores: HeadScores | None = None) -> list[Path]:
     """What sample.py --dump-attn writes, from GPT.attention_internals(idx, layers) of one prompt (B = 1):
     `attn.npz` with the value-weighted arrays (and the head scores, when given: `prompt_head_scores`), a
-    heatmap per layer and `attention.html` (the explorer, its selected heads first; the scores and
-    scores_note in its Statistics tab). Returns the paths written."""
+    heatmap per layer and `attention.html` (the explorer made with `options`, its selected heads first; the
+    scores and their note in its Statistics tab). Returns the paths written."""
     out_dir = Path(out_dir)
-    written = dump_attention({layer: it.weights[0] for layer, it in internals.items()}, heads_by_layer, tokens,
+    item = options.item  # the npz and the page show the same batch item
+    written = dump_attention({layer: it.weights[item] for layer, it in internals.items()}, heads_by_layer, tokens,
                              out_dir, token_ids=token_ids,
-                             value_norms={layer: internals_value_norms(it)[0] for layer, it in internals.items()},
-                             head_scores=head_scores)
-    html = write_explorer(out_dir / "attention.html", internals, tokens, heads_by_layer,
-                          options=ExplorerOptions(title=title, n_layer=n_layer),
-                          scores=HeadScores(head_scores or {}, scores_note))
+                             value_norms={layer: internals_value_norms(it)[item] for layer, it in internals.items()},
+                             head_scores=None if scores is None else scores.values)
+    html = write_explorer(out_dir / "attention.html", internals, tokens, heads_by_layer, options=options,
+                          scores=scores)
     return [*written, html]

@@ -49,7 +49,7 @@ def test_the_page_of_a_dump_of_some_layers_reports_the_models_depth(tmp_path):
     model = lively_model(seed=2, n_layer=3)
     idx = ids(6)
     internals = model.attention_internals(idx, layers=[1])
-    dump_internals(internals, {1: [0]}, list("abcdef"), tmp_path, n_layer=3)
+    dump_internals(internals, {1: [0]}, list("abcdef"), tmp_path, options=explorer.ExplorerOptions(n_layer=3))
     meta = page_data((tmp_path / "attention.html").read_text(encoding="utf-8"))[0]
     assert (meta["n_layer"], meta["layers"]) == (3, [1])
 

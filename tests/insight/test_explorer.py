@@ -272,7 +272,7 @@ def test_dump_writes_what_every_head_of_every_layer_does(tmp_path):
     scores, note = prompt_head_scores(model, idx, tokenizer)
     internals = model.attention_internals(idx, layers=[1])
     dump_internals(internals, {1: [0, 3]}, [CHARS[t] for t in idx[0].tolist()], tmp_path, token_ids=idx[0].tolist(),
-                   head_scores=scores, scores_note=note)
+                   scores=HeadScores(scores, note))
     with np.load(tmp_path / "attn.npz") as npz:
         arrays = {name: npz[f"head_{name}"] for name in ("prev_token", "duplicate_token", "induction", "ablation_dloss")}
         assert "layer_0" not in npz.files and "layer_2" not in npz.files  # maps of the selected layer only

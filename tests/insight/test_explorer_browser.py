@@ -32,7 +32,7 @@ def dumped(tmp_path_factory):
     out = tmp_path_factory.mktemp("dump")
     tokens = [f"t{i}" for i in idx[0].tolist()]
     scores, note = prompt_head_scores(model, idx, CharTokenizer(CHARS))
-    dump_internals(internals, SELECTED, tokens, out, token_ids=idx[0].tolist(), head_scores=scores, scores_note=note)
+    dump_internals(internals, SELECTED, tokens, out, token_ids=idx[0].tolist(), scores=HeadScores(scores, note))
     with np.load(out / "attn.npz") as npz:
         arrays = {name: npz[name] for name in npz.files}
     return out, arrays, internals, tokens

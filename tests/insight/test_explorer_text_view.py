@@ -9,7 +9,7 @@ import torch
 
 from data.tokenizer import CharTokenizer
 from insight.dump import dump_internals, prompt_head_scores
-from insight.explorer import write_explorer
+from insight.explorer import HeadScores, write_explorer
 from insight.explorer.pack import dequantise_rows, quantise_rows
 from tests.explorer_browser import browser, open_page  # noqa: F401 (browser: a fixture)
 from tests.insight.test_explorer import CHARS, ids, lively_model
@@ -28,8 +28,8 @@ def long_page(tmp_path_factory):
     tokens = [CHARS[t] + ("" if i % 3 else "x") for i, t in enumerate(idx[0].tolist())]
     tokens[10] = "\n"
     scores, note = prompt_head_scores(model, idx, CharTokenizer(CHARS))
-    dump_internals(internals, {0: [0], 1: [1]}, tokens, out, token_ids=idx[0].tolist(), head_scores=scores,
-                   scores_note=note)
+    dump_internals(internals, {0: [0], 1: [1]}, tokens, out, token_ids=idx[0].tolist(),
+                   scores=HeadScores(scores, note))
     with np.load(out / "attn.npz") as npz:
         arrays = {name: npz[name] for name in npz.files}
     return out / "attention.html", arrays, tokens
