@@ -90,28 +90,37 @@ def _part_paths(work: Path, index: int) -> tuple[Path, Path]:
     return work / f"part_{index:05d}.ids", work / f"part_{index:05d}.lens"
 
 
+@dataclass(frozen=True)
+class PartSource:
+    """Where a worker finds its part: the corpus, the cache `load_rows` reads it through, and the run
+    length the main process cut an in-memory corpus by. A worker loads the corpus again from the first two
+    and must cut it exactly as the main process did, so the three travel as one (pickled to each worker)."""
+    corpus: Corpus
+    cache_dir: Path
+    part_docs: int
+
+
 _ROWS: dict[str, Any] = {}  # in a worker: the corpus, loaded once
 
 
-def _find_part(rows: Any, index: int, corpus: Corpus, cache_dir: Path, part_docs: int) -> Any:
+def _find_part(rows: Any, index: int, source: PartSource) -> Any:
     """The part itself (in the main process), or, in a worker, part `index` of the corpus loaded here: the
     same `load_rows` call on the same files and cache gives the same parts."""
     if rows is not None:
         return rows
     from data.sources import load_rows
 
-    key = str(cache_dir)
+    key = str(source.cache_dir)
     if key not in _ROWS:
-        _ROWS[key] = load_rows(corpus, cache_dir)
-    return plan_parts(_ROWS[key], corpus, part_docs)[index]
+        _ROWS[key] = load_rows(source.corpus, source.cache_dir)
+    return plan_parts(_ROWS[key], source.corpus, source.part_docs)[index]
 
 
-def scan_part(rows: Any, index: int, report: Callable[[int, int], None], corpus: Corpus, cache_dir: Path,
-              part_docs: int) -> str:
+def scan_part(rows: Any, index: int, report: Callable[[int, int], None], source: PartSource) -> str:
     """The distinct characters of a part's documents (for a char vocabulary), as one sorted string."""
     chars = {CHAR_DOC_SEPARATOR}
-    rows = _find_part(rows, index, corpus, cache_dir, part_docs)
-    with read_errors(corpus):
+    rows = _find_part(rows, index, source)
+    with read_errors(source.corpus):
         for batch in iter_text_batches(rows, DOC_BATCH):
             for text in batch:
                 chars.update(text)
@@ -119,17 +128,17 @@ def scan_part(rows: Any, index: int, report: Callable[[int, int], None], corpus:
     return "".join(sorted(chars))
 
 
-def encode_part(rows: Any, index: int, report: Callable[[int, int], None], corpus: Corpus, tokenizer: dict,
-                work: Path, cache_dir: Path, part_docs: int) -> dict[str, Any]:
+def encode_part(rows: Any, index: int, report: Callable[[int, int], None], source: PartSource, tokenizer: dict,
+                work: Path) -> dict[str, Any]:
     """Encode one part into work/part_<index>.ids (all its documents, each with its separator) and
     .lens (each document's token count, uint32; 0 for an empty document)."""
-    rows = _find_part(rows, index, corpus, cache_dir, part_docs)
+    rows = _find_part(rows, index, source)
     tok = _tokenizer(tokenizer)
     dtype = bin_dtype(tok.vocab_size)
     ids_path, lens_path = _part_paths(work, index)
     ids_tmp = ids_path.with_name(f".{ids_path.name}.tmp")
     lens: list[int] = []
-    with read_errors(corpus), open(ids_tmp, "wb") as f:
+    with read_errors(source.corpus), open(ids_tmp, "wb") as f:
         for batch in iter_text_batches(rows, DOC_BATCH):
             encoded = encode_documents(tok, batch)
             lens.extend(len(ids) for ids in encoded)
@@ -283,7 +292,8 @@ def encode_documents_sharded(corpus: Corpus, rows: Any, cache_dir: Path, tokeniz
     resuming an interrupted prepare of the same plan (the caller has already emptied out_dir, but for
     .work/hf, when the fingerprint differs). fixed: encode with this tokenizer (a pretrained model's; a
     char vocabulary is kept as it is) instead of the one tokenizer_name names."""
-    parts = plan_parts(rows, corpus)
+    source = PartSource(corpus, cache_dir, PART_DOCS)  # read at each call (a test lowers it); workers cut by it too
+    parts = plan_parts(rows, corpus, source.part_docs)
     plan = {"fingerprint": fp, "parts": len(parts), "tokenizer": None}
     old = read_plan(out_dir)
     resuming = old.get("tokenizer") is not None and all(old.get(k) == plan[k] for k in ("fingerprint", "parts"))
@@ -297,7 +307,7 @@ def encode_documents_sharded(corpus: Corpus, rows: Any, cache_dir: Path, tokeniz
             tok = fixed
         else:
             tok = TiktokenTokenizer(tokenizer_name) if tokenizer_name != "char" else _char_vocabulary(
-                corpus, parts, {"corpus": corpus, "cache_dir": cache_dir, "part_docs": PART_DOCS}, num_proc, quiet)
+                parts, source, num_proc, quiet)
         write_json_atomic(work / PLAN, {**plan, "tokenizer": tok.to_json()})
     dtype = bin_dtype(tok.vocab_size)
 
@@ -347,21 +357,19 @@ def encode_documents_sharded(corpus: Corpus, rows: Any, cache_dir: Path, tokeniz
 
     try:
         split_ready()
-        run_parts(encode_part, parts, todo, {"corpus": corpus, "tokenizer": tok.to_json(), "work": work,
-                                             "cache_dir": cache_dir, "part_docs": PART_DOCS}, num_proc, on_progress,
-                  on_done)
+        run_parts(encode_part, parts, todo, {"source": source, "tokenizer": tok.to_json(), "work": work}, num_proc,
+                  on_progress, on_done)
     finally:
         bar.close()
     counts, shards = _totals(corpus, records, len(parts), val_fraction)
     return ShardedResult(tok, counts, shards, len(parts), peak_rss[0])
 
 
-def _char_vocabulary(corpus: Corpus, parts: list[Any], common: dict[str, Any], num_proc: int,
-                     quiet: bool) -> CharTokenizer:
+def _char_vocabulary(parts: list[Any], source: PartSource, num_proc: int, quiet: bool) -> CharTokenizer:
     """The character set of every document (pass 1, in parallel over the parts)."""
     chars: set[str] = set()
     with tqdm(desc="scan documents", unit="doc", unit_scale=True, disable=quiet) as bar:
-        run_parts(scan_part, parts, range(len(parts)), common, num_proc,
+        run_parts(scan_part, parts, range(len(parts)), {"source": source}, num_proc,
                   lambda docs, _: bar.update(docs), lambda _, found: chars.update(found))
     return CharTokenizer("".join(chars))
 
