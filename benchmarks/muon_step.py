@@ -72,10 +72,10 @@ def training_steps(cfg, compile_model: bool) -> dict[str, Callable[[], None]]:
         model = GPT(cfg.model)
         optimizers = build_optimizers(model, cfg.train)
         runner = torch.compile(model) if compile_model else model
+        one_batch = dataclasses.replace(cfg.train, grad_accum=1)  # one micro-batch a step, whatever the config says
 
         def step(runner=runner, model=model, optimizers=optimizers) -> None:
-            loss, norm = accumulate_gradients(runner, model, lambda: (x, x), rt, 1, cfg.train.grad_clip, None,
-                                              optimizers)
+            loss, norm = accumulate_gradients(runner, model, lambda: (x, x), rt, one_batch, None, optimizers)
             loss.item(), norm.item()
             apply_gradients(optimizers)
         out[name] = step

@@ -121,8 +121,8 @@ def setup(v: Variant, args: argparse.Namespace, device: torch.device, batch: tup
     optimizers = build_optimizers(raw, TrainConfig(batch_size=args.batch, grad_clip=GRAD_CLIP))
     compiled = None
     if v.auto:
-        choice, compiled = choose(raw, optimizers, (x, y), Runtime(device, None), 1, GRAD_CLIP, args.auto_steps,
-                                  "auto", "auto")
+        choice, compiled = choose((raw, optimizers, (x, y)), Runtime(device, None),
+                                  TrainConfig(grad_clip=GRAD_CLIP, compile="auto"), args.auto_steps, "auto")
         v.dtype, v.compile, v.choice = {"float32": "fp32", "bfloat16": "bf16"}[choice.dtype], choice.compile, \
             choice.summary()
         print(f"  {v.name}: {v.choice}", flush=True)
@@ -135,7 +135,7 @@ def setup(v: Variant, args: argparse.Namespace, device: torch.device, batch: tup
 
     def step() -> tuple[float, float]:
         with sdpa_context(backend):
-            loss, norm = accumulate_gradients(model, raw, next_batch, rt, 1, GRAD_CLIP)
+            loss, norm = accumulate_gradients(model, raw, next_batch, rt, TrainConfig(grad_clip=GRAD_CLIP))
             values = loss.item(), norm.item()  # the loop reads both before applying (non-finite check)
             apply_gradients(optimizers)
         return values

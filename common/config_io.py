@@ -404,9 +404,3 @@ def _deep_copy(d: Any) -> Any:
     if isinstance(d, list):
         return [_deep_copy(v) for v in d]
     return d
-
-
-def load_config(cls: type, path: str | Path, overrides: list[str] | None = None) -> Any:
-    """YAML file + dotted overrides -> validated dataclass instance."""
-    raw = apply_overrides(load_yaml(path), overrides or [], cls)
-    return from_dict(cls, raw)

@@ -46,7 +46,7 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
 
 
 @torch.no_grad()
-def generate(
+def generate(  # a public API with its sampling settings as keywords, as transformers' and nanoGPT's generate have
     model: GPT,
     prompt: torch.Tensor,
     max_new_tokens: int,

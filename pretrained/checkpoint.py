@@ -180,19 +180,10 @@ def _weights_path(path: Path) -> Path:
     return path
 
 
-def load_weights(model: GPT, path: str | Path) -> None:
-    """Load safetensors weights into `model`, checking every name, shape and dtype from the header first."""
-    path = _weights_path(Path(path))
-    header = read_header(path, CheckpointError)
-    _check_header(header, model, path)
-    model.load_state_dict(_read_weights(path, header), strict=False)  # strict=False only for the tied lm_head,
-    # which _check_header found absent
-
-
 def read_weights(path: str | Path, config: ModelConfig) -> dict[str, torch.Tensor]:
-    """The safetensors weights at `path` of a GPT(config), checked as load_weights checks them (against a model
-    built on the meta device: nothing allocated), without loading them into a model: a caller may crop them
-    first (pretrained.load.crop_block_size). The tied lm_head is not among them."""
+    """The safetensors weights at `path` of a GPT(config), every name, shape and dtype checked from the header
+    first (against a model built on the meta device: nothing allocated), not yet loaded into a model: a caller
+    may crop them first (pretrained.load.crop_block_size). The tied lm_head is not among them."""
     path = _weights_path(Path(path))
     header = read_header(path, CheckpointError)
     with torch.device("meta"):

@@ -46,7 +46,7 @@ import torch
 import torch.nn as nn
 
 from data.loader import BatchLoader
-from training.config import RunConfig
+from training.config import RunConfig, TrainConfig
 from training.optim import Optimizers
 from training.runtime import DTYPES, Runtime, synchronize
 from training.step import accumulate_gradients, apply_gradients
@@ -305,16 +305,18 @@ def _time_steps(step: Callable[[], None], device: torch.device, seconds: float) 
     return 1e3 * elapsed / n
 
 
-def choose(model: nn.Module, optimizers: Optimizers, batch: tuple[torch.Tensor, torch.Tensor], rt: Runtime,
-           grad_accum: int, grad_clip: float, steps_left: int, dtype_setting: str,
-           compile_setting: bool | str, say: Callable[[str], None] = lambda line: None
+def choose(timed: tuple[nn.Module, Optimizers, tuple[torch.Tensor, torch.Tensor]], rt: Runtime, tc: TrainConfig,
+           steps_left: int, dtype_setting: str, say: Callable[[str], None] = lambda line: None
            ) -> tuple[Choice, nn.Module | None]:
-    """Time the candidates (module doc) and return (choice, the compiled model if compile won, else None).
+    """Time the candidates (module doc) on `timed`, (a model, its optimizers, one batch), stepping as the run's
+    `train:` section says (grad_accum, grad_clip); return (choice, the compiled model if compile won, else None).
 
-    dtype_setting / compile_setting: the run's `dtype` and `train.compile`; only those on "auto" are chosen,
-    the others are taken as written. `say` gets the lines the user waits on: what is timed and for about how
-    long, before timing, and why the model is compiled, before compiling. The model and optimizers end
-    exactly as they started, but for the attention kernel's precision where it was chosen (module doc)."""
+    dtype_setting / tc.compile: the run's `dtype` and `train.compile`; only those on "auto" are chosen, the
+    others are taken as written. `say` gets the lines the user waits on: what is timed and for about how long,
+    before timing, and why the model is compiled, before compiling. The model and optimizers end exactly as they
+    started, but for the attention kernel's precision where it was chosen (module doc)."""
+    model, optimizers, batch = timed
+    compile_setting = tc.compile
     device = rt.device
     dtypes = [dtype_setting] if dtype_setting != "auto" else ["float32"]
     notes = []
@@ -333,8 +335,7 @@ def choose(model: nn.Module, optimizers: Optimizers, batch: tuple[torch.Tensor, 
         step_rt = dataclasses.replace(single, autocast_dtype=DTYPES[dtype] if dtype != "float32" else None)
 
         def step() -> None:
-            loss, norm = accumulate_gradients(runner, model, lambda: (x, y), step_rt, grad_accum, grad_clip,
-                                              None, optimizers)
+            loss, norm = accumulate_gradients(runner, model, lambda: (x, y), step_rt, tc, None, optimizers)
             loss.item(), norm.item()  # the loop reads both back every step
             optimizers.set_compute_dtype(step_rt.autocast_dtype)  # Muon's iteration in the candidate's dtype
             apply_gradients(optimizers)
@@ -481,9 +482,7 @@ def decide_precision(cfg: RunConfig, rt: Runtime, timing_run: TimingRun | None, 
     choice = saved_choice(out_dir) if resumed else None
     if choice is None:
         if rt.is_main:
-            model, optimizers, batch = timing_run()
-            choice, _ = choose(model, optimizers, batch, rt, tc.grad_accum, tc.grad_clip, steps_left, cfg.dtype,
-                               tc.compile, say)
+            choice, _ = choose(timing_run(), rt, tc, steps_left, cfg.dtype, say)
             save_choice(out_dir, choice)
         if rt.ddp:
             import torch.distributed as dist

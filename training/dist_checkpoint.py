@@ -32,7 +32,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from common.errors import UserError
-from pretrained.checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, fsync_file
+from pretrained.checkpoint import BEST, CONFIG_FILE, LATEST, WEIGHTS_FILE, CheckpointError, fsync_file
 from training.checkpoint import WRITE_ERRORS, _reason, fsync_dir, rename_in
 from training.runtime import Runtime, rng_state, set_rng_state
 from training.state_check import check_counters
@@ -82,12 +82,15 @@ def _all_ok(ok: bool, device: torch.device) -> bool:
     return int(flag) == 0
 
 
-def save_sharded(out_dir: Path, name: str, model: nn.Module, optimizers: Any, extra: dict[str, Any],
-                 rt: Runtime, state: dict[str, Any] | None, files: dict[str, bytes] | None = None) -> None:
-    """Write out_dir/name atomically: consolidated weights, and with `state` (latest/) the sharded
-    weights + optimizer and every rank's loader/RNG state. Collective: every rank calls it."""
+def save_sharded(out_dir: Path, model: nn.Module, optimizers: Any, extra: dict[str, Any], rt: Runtime,
+                 state: dict[str, Any] | None, files: dict[str, bytes] | None = None) -> None:
+    """Write atomically, with the training `state`, out_dir/latest: consolidated weights, the sharded weights +
+    optimizer and every rank's loader/RNG state; without it (None), out_dir/best: the consolidated weights
+    alone. Collective: every rank calls it."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
     import torch.distributed.checkpoint as dcp
+
+    name = LATEST if state is not None else BEST  # only latest/ is resumed from: best/ needs no shards
 
     tmp = out_dir / f".{name}.tmp"
     weights = full_weights(model)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -61,9 +62,12 @@ class RunPlan:
     resume_point: ResumePoint | None  # out_dir/latest, read and checked: what build loads into the run
 
 
-def resolve_run(cfg: RunConfig, rt: Runtime, say: Callable[[str], None] = lambda line: None) -> RunPlan:
+def resolve_run(cfg: RunConfig, rt: Runtime, say: Callable[[str], None] | None = None) -> RunPlan:
     """The run's plan (module doc). rt: the processes and device from setup_runtime, with the explicit dtype's
-    autocast; the plan's rt adds what auto decided. `say`: the lines printed while auto measures (main process)."""
+    autocast; the plan's rt adds what auto decided. `say`: where the lines that say what is trained and what
+    auto times go (before the progress bar exists); by default stderr, on the main process only."""
+    if say is None:
+        say = (lambda line: print(line, file=sys.stderr)) if rt.is_main else (lambda line: None)
     out_dir = Path(cfg.out_dir)
     seed_everything(cfg.seed)
     latest = out_dir / LATEST if (out_dir / LATEST).is_dir() else None

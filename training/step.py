@@ -13,20 +13,22 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
+from training.config import TrainConfig
 from training.optim import Optimizers
 from training.runtime import Runtime
 
 
 def accumulate_gradients(model: nn.Module, params_model: nn.Module, next_batch: Callable[[], tuple],
-                         rt: Runtime, grad_accum: int, grad_clip: float,
-                         scaler: torch.amp.GradScaler | None = None,
+                         rt: Runtime, tc: TrainConfig, scaler: torch.amp.GradScaler | None = None,
                          optimizers: Optimizers | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Average gradients over grad_accum micro-batches, clip their global norm (0 = no clipping).
+    """Average gradients over tc.grad_accum micro-batches, clip their global norm to tc.grad_clip (0 = no
+    clipping).
 
     model: what runs forward (maybe compiled and/or DDP-wrapped); params_model: the plain module whose
     parameters are clipped. Returns (mean loss, gradient norm before clipping), 0-d tensors.
     Under DDP, gradients are only all-reduced on the last micro-batch (no_sync before).
     """
+    grad_accum = tc.grad_accum
     loss_sum = torch.zeros((), device=rt.device)
     for micro in range(grad_accum):
         x, y = next_batch()
@@ -43,7 +45,7 @@ def accumulate_gradients(model: nn.Module, params_model: nn.Module, next_batch: 
     if scaler is not None:
         for opt in optimizers.optimizers:
             scaler.unscale_(opt)  # clip the true gradients, not the scaled ones
-    grad_norm = torch.nn.utils.clip_grad_norm_(params_model.parameters(), grad_clip or math.inf)
+    grad_norm = torch.nn.utils.clip_grad_norm_(params_model.parameters(), tc.grad_clip or math.inf)
     if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor norm over the shards; the whole value, on every rank
         grad_norm = grad_norm.full_tensor()
     return loss_sum, grad_norm

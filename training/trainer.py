@@ -7,7 +7,6 @@ resume), loop (steps, evals, checkpoints, a clean stop).
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,7 +69,7 @@ def train(cfg: RunConfig, should_stop: Callable[[int], bool] | None = None) -> T
             checkpoint_dir(lock, LATEST)
         if rt.ddp:
             dist.barrier()
-        plan = resolve_run(cfg, rt, say=_printer(rt))
+        plan = resolve_run(cfg, rt)
         run = build(plan)
         result = train_loop(run, should_stop)
         finished = True
@@ -83,11 +82,6 @@ def train(cfg: RunConfig, should_stop: Callable[[int], bool] | None = None) -> T
         if lock is not None:
             lock.release()
         teardown_runtime(rt, finished)
-
-
-def _printer(rt: Runtime) -> Callable[[str], None]:
-    """Where the lines printed before the progress bar exists go: stderr, on the main process only."""
-    return (lambda line: print(line, file=sys.stderr)) if rt.is_main else (lambda line: None)
 
 
 @dataclass
@@ -115,7 +109,7 @@ class Run:
     def save(self, step_done: int) -> None:
         """Write latest/ with everything a resume needs (main process only; every process under FSDP)."""
         if self.cfg.train.parallel == "fsdp":
-            save_sharded(self.out_dir, LATEST, self.raw_model, self.optimizers, self.extra, self.rt,
+            save_sharded(self.out_dir, self.raw_model, self.optimizers, self.extra, self.rt,
                          {"step": step_done, "best_val": self.result.best_val, "loader": self.loader.state_dict(),
                           "skipped_steps": self.result.skipped_steps}, files=self.files)
             return
@@ -133,7 +127,7 @@ class Run:
         """Write best/: weights + config (main process only; every process gathers them under FSDP)."""
         extra = {**self.extra, "step": step, "val_loss": val_loss}
         if self.cfg.train.parallel == "fsdp":
-            save_sharded(self.out_dir, BEST, self.raw_model, self.optimizers, extra, self.rt, state=None,
+            save_sharded(self.out_dir, self.raw_model, self.optimizers, extra, self.rt, state=None,
                          files=self.files)
         elif self.rt.is_main:
             save_checkpoint(self.out_dir, BEST, self.raw_model, extra, files=self.files)
@@ -248,8 +242,8 @@ def train_step(run: Run, step: int) -> tuple[float | None, float]:
     before the weights change."""
     tc, rt, result = run.cfg.train, run.rt, run.result
     run.optimizers.set_lr_factor(lr_factor(step, tc))
-    loss_sum, grad_norm = accumulate_gradients(run.model, run.raw_model, run.loader.next_batch, rt, tc.grad_accum,
-                                               tc.grad_clip, run.scaler, run.optimizers)
+    loss_sum, grad_norm = accumulate_gradients(run.model, run.raw_model, run.loader.next_batch, rt, tc, run.scaler,
+                                               run.optimizers)
     if rt.ddp:  # the mean over processes (SUM, then divide: gloo takes ReduceOp.AVG only from PyTorch 2.6)
         dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
         loss_sum /= rt.world_size

@@ -128,11 +128,3 @@ def load_state(model: GPT, state: dict[str, torch.Tensor], assign: bool = False)
                            f"unexpected {result.unexpected_keys}")
     if model.config.tie_embeddings:
         model.lm_head.weight = model.tok_emb.weight
-
-
-def load_hf_model(folder: str | Path, device: torch.device | str = "cpu",
-                  dtype: torch.dtype = torch.float32) -> tuple[GPT, dict[str, Any]]:
-    """(GPT in eval mode, the config.json dict) for a Hugging Face model folder."""
-    folder = Path(folder)
-    hf_config, config = read_hf_model_config(folder)
-    return build_model(config, read_hf_state(folder, hf_config, config, dtype), device), hf_config

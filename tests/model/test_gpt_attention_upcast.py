@@ -120,8 +120,9 @@ class ScriptedAttention(ScriptedSteps):
         self.model = sdpa_model()
         optimizers = build_optimizers(self.model, autotune.RunConfig().train)
         batch = (torch.zeros(3, 16, dtype=torch.long), torch.zeros(3, 16, dtype=torch.long))
-        return autotune.choose(self.model, optimizers, batch, Runtime(torch.device("cpu"), None), 1, 1.0,
-                               steps_left, dtype, compile_model, say=self.events.append)
+        return autotune.choose((self.model, optimizers, batch), Runtime(torch.device("cpu"), None),
+                               autotune.TrainConfig(grad_accum=1, grad_clip=1.0, compile=compile_model), steps_left,
+                               dtype, say=self.events.append)
 
 
 @pytest.mark.parametrize("bf16_ms, f32_ms", [(30.0, 20.0), (30.0, 30.0 / 1.04), (20.0, 30.0)])

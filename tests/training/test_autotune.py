@@ -84,8 +84,9 @@ def test_measuring_leaves_weights_optimizer_and_rng_as_they_were(monkeypatch):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     batch = (torch.randint(0, 32, (4, 16)), torch.randint(0, 32, (4, 16)))
     rng = torch.get_rng_state()
-    choice, _ = autotune.choose(model, optimizers, batch, Runtime(torch.device("cpu"), None), grad_accum=1,
-                                grad_clip=1.0, steps_left=1000, dtype_setting="auto", compile_setting="auto")
+    choice, _ = autotune.choose((model, optimizers, batch), Runtime(torch.device("cpu"), None),
+                                TrainConfig(grad_accum=1, grad_clip=1.0, compile="auto"), steps_left=1000,
+                                dtype_setting="auto")
     assert "float32" in choice.comparisons[0].ms_per_step
     assert list(choice.comparisons[1].ms_per_step) == [choice.dtype, f"{choice.dtype} compiled"]
     for name, tensor in model.state_dict().items():
@@ -101,8 +102,9 @@ def test_short_run_does_not_try_compiling(monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda module: compiled.append(module) or module)
     model, optimizers = small_model_and_optimizer()
     batch = (torch.randint(0, 32, (4, 16)), torch.randint(0, 32, (4, 16)))
-    choice, _ = autotune.choose(model, optimizers, batch, Runtime(torch.device("cpu"), None), 1, 1.0,
-                                steps_left=3, dtype_setting="float32", compile_setting="auto")
+    choice, _ = autotune.choose((model, optimizers, batch), Runtime(torch.device("cpu"), None),
+                                TrainConfig(grad_accum=1, grad_clip=1.0, compile="auto"), steps_left=3,
+                                dtype_setting="float32")
     assert not compiled and choice.compile is False and "compile not tried" in choice.note
     assert [list(c.ms_per_step) for c in choice.comparisons] == [["float32"]]  # an explicit dtype: the only one timed
 
@@ -229,8 +231,9 @@ class ScriptedSteps:
     def choose(self, steps_left=10**6, dtype="auto", compile_model="auto"):
         model, optimizers = small_model_and_optimizer()
         batch = (torch.zeros(1, 16, dtype=torch.long), torch.zeros(1, 16, dtype=torch.long))
-        return autotune.choose(model, optimizers, batch, Runtime(torch.device("cpu"), None), 1, 1.0, steps_left,
-                               dtype, compile_model, say=self.events.append)
+        return autotune.choose((model, optimizers, batch), Runtime(torch.device("cpu"), None),
+                               TrainConfig(grad_accum=1, grad_clip=1.0, compile=compile_model), steps_left, dtype,
+                               say=self.events.append)
 
 
 def fastest_rounds(seconds: list[float], first: int) -> float:

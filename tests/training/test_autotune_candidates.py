@@ -21,9 +21,10 @@ def candidates(monkeypatch, dtype_setting: str, ratio: float) -> autotune.Choice
     torch.manual_seed(0)
     model = GPT(ModelConfig(vocab_size=32, block_size=16, n_layer=1, n_head=2, d_model=16))
     batch = (torch.randint(0, 32, (2, 16)), torch.randint(0, 32, (2, 16)))
-    choice, _ = autotune.choose(model, build_optimizers(model, TrainConfig()), batch, Runtime(torch.device("cpu"), None),
-                                grad_accum=1, grad_clip=1.0, steps_left=3, dtype_setting=dtype_setting,
-                                compile_setting=False)
+    choice, _ = autotune.choose((model, build_optimizers(model, TrainConfig()), batch),
+                                Runtime(torch.device("cpu"), None),
+                                TrainConfig(grad_accum=1, grad_clip=1.0, compile=False), steps_left=3,
+                                dtype_setting=dtype_setting)
     return choice
 
 
