@@ -55,6 +55,20 @@ class BinCounts:
     characters: int = 0
 
 
+@dataclass(frozen=True)
+class EncodeSettings:
+    """How a prepare encodes its corpus, a continuous text (write_text_shards) or documents
+    (data.sharded.encode_documents_sharded) alike: the tokenizer the config names (tokenizer_name), or
+    `fixed` in its place (a pretrained model's; a char vocabulary is kept as it is, not rebuilt from the
+    corpus); the share held out for val; worker processes; and whether progress bars are hidden. One
+    record because data.prepare reads them from one DataConfig and both encoders need every one."""
+    tokenizer_name: str
+    val_fraction: float
+    num_proc: int = 1
+    quiet: bool = False
+    fixed: AnyTokenizer | None = None
+
+
 def write_ids(path: Path, ids: np.ndarray) -> None:
     """Write one whole token file: to a temp name, fsynced, then renamed (never seen half-written)."""
     tmp = path.with_name(f".{path.name}.tmp")
@@ -208,25 +222,27 @@ def datasets_progress(enabled: bool) -> Iterator[None]:
             datasets.enable_progress_bars()
 
 
-def write_text_shards(corpus: Corpus, rows: Any, tokenizer_name: str, val_fraction: float, work_dir: Path,
-                      num_proc: int = 1, quiet: bool = False, fixed: AnyTokenizer | None = None
+def write_text_shards(corpus: Corpus, rows: Any, work_dir: Path, settings: EncodeSettings
                       ) -> tuple[AnyTokenizer, BinCounts, dict[str, list[dict[str, Any]]]]:
     """Encode a continuous text (`rows`: a Dataset or IterableDataset of lines in a "text" column) into
     token shards in work_dir. Returns the tokenizer, the counts, and meta.json's shard entries per split.
-    fixed: encode with this tokenizer (a pretrained model's) instead of the one tokenizer_name names; a fixed
-    char vocabulary is kept as it is (text outside it is refused), not rebuilt from the corpus."""
+    A fixed char vocabulary (settings.fixed) refuses text outside it."""
+    fixed = settings.fixed
     if fixed is not None:
         bpe = None if isinstance(fixed, CharTokenizer) else fixed
     else:
-        bpe = TiktokenTokenizer(tokenizer_name) if tokenizer_name != "char" else None
+        bpe = TiktokenTokenizer(settings.tokenizer_name) if settings.tokenizer_name != "char" else None
     chars = fixed if isinstance(fixed, CharTokenizer) else None
     with read_errors(corpus):
-        return _write_text(corpus, rows, bpe, val_fraction, work_dir, num_proc, quiet, chars)
+        return _write_text(corpus, rows, work_dir, settings, bpe, chars)
 
 
-def _write_text(corpus: Corpus, rows: Any, bpe: TiktokenTokenizer | HFTokenizer | None, val_fraction: float,
-                work_dir: Path, num_proc: int, quiet: bool, fixed_chars: CharTokenizer | None = None
+def _write_text(corpus: Corpus, rows: Any, work_dir: Path, settings: EncodeSettings,
+                bpe: TiktokenTokenizer | HFTokenizer | None, fixed_chars: CharTokenizer | None = None
                 ) -> tuple[AnyTokenizer, BinCounts, dict[str, list[dict[str, Any]]]]:
+    """write_text_shards' work, bpe (or else fixed_chars, or else the corpus's own characters) being the
+    tokenizer chosen from `settings`."""
+    val_fraction, num_proc, quiet = settings.val_fraction, settings.num_proc, settings.quiet
     streaming = _is_streaming(rows)
     # pass 1: length, character set and piece boundaries
     chars: set[str] = set()

@@ -42,7 +42,7 @@ from common.config_io import apply_overrides, coerce, from_dict, load_yaml
 from common.errors import ArgumentParser, UserError, user_errors_exit
 from data.config import DataConfig
 from data.corpus import Corpus
-from data.pipeline import bin_dtype, datasets_progress, write_text_shards
+from data.pipeline import EncodeSettings, bin_dtype, datasets_progress, write_text_shards
 from data.prepared import LAYOUT_VERSION, META_FILE, SPLITS, PreparedData, load_prepared  # noqa: F401 (re-exported)
 from data.sharded import WORK, encode_documents_sharded, read_plan, start_over, write_json_atomic
 from data.sources import (DATA_DIR_ENV, content_hash, data_dir, load_rows, resolve_corpus, sampled_file_stats,
@@ -184,8 +184,8 @@ def _prepare_text(cfg: DataConfig, corpus: Corpus, fp: str, out_dir: Path, quiet
     work_dir.mkdir(parents=True)
     try:
         rows = load_rows(corpus, work_dir / "hf")
-        tok, counts, shards = write_text_shards(corpus, rows, cfg.tokenizer, cfg.val_fraction, work_dir,
-                                                cfg.num_proc, quiet, fixed)
+        settings = EncodeSettings(cfg.tokenizer, cfg.val_fraction, cfg.num_proc, quiet, fixed)
+        tok, counts, shards = write_text_shards(corpus, rows, work_dir, settings)
         del rows
         for entry in (e for split in SPLITS for e in shards[split]):
             os.replace(work_dir / entry["file"], out_dir / entry["file"])

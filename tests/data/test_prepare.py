@@ -258,7 +258,7 @@ def test_interrupt_during_encoding_leaves_nothing_trusted(data_dir: Path, tmp_pa
     (tmp_path / "t.txt").write_text("other words now.\n" * 120, encoding="utf-8")
 
     def killed(*args, **kwargs):
-        (args[4] / "train_00000.bin").write_bytes(b"\1\0" * 5)  # half-written output in the work folder
+        (args[2] / "train_00000.bin").write_bytes(b"\1\0" * 5)  # half-written output in the work folder
         raise KeyboardInterrupt
 
     monkeypatch.setattr("data.prepare.write_text_shards", killed)
