@@ -79,7 +79,7 @@ def generate_corpus(folder: Path, megabytes: float, n_files: int) -> tuple[list[
 def measure(files: list[Path], num_proc: int, scratch: Path) -> dict:
     """In this process: encode the corpus with num_proc processes; seconds, tokens and peak RSS."""
     from data.config import DataConfig
-    from data.pipeline import datasets_progress
+    from data.pipeline import EncodeSettings, datasets_progress
     from data.sharded import encode_documents_sharded
     from data.sources import load_rows, resolve_corpus
 
@@ -89,8 +89,8 @@ def measure(files: list[Path], num_proc: int, scratch: Path) -> dict:
         corpus = resolve_corpus(cfg, quiet=True)
         rows = load_rows(corpus, scratch / "hf", num_proc)
         start = time.perf_counter()
-        result = encode_documents_sharded(corpus, rows, scratch / "hf", "gpt2", cfg.val_fraction, "benchmark",
-                                          scratch / "out", num_proc, quiet=True)
+        settings = EncodeSettings("gpt2", cfg.val_fraction, num_proc, quiet=True)
+        result = encode_documents_sharded(corpus, rows, scratch / "hf", "benchmark", scratch / "out", settings)
         seconds = time.perf_counter() - start
     from data.sharded import peak_rss_mb
     return {"num_proc": num_proc, "seconds": seconds, "parts": result.parts,

@@ -167,8 +167,8 @@ def _prepare_documents(cfg: DataConfig, corpus: Corpus, fp: str, out_dir: Path, 
         start_over(out_dir, {"fingerprint": fp})
     cache_dir = data_dir() / "hf" if corpus.remote else out_dir / WORK / "hf"  # keep hub downloads only
     rows = load_rows(corpus, cache_dir, cfg.num_proc)
-    result = encode_documents_sharded(corpus, rows, cache_dir, cfg.tokenizer, cfg.val_fraction, fp, out_dir,
-                                      cfg.num_proc, quiet, fixed)
+    settings = EncodeSettings(cfg.tokenizer, cfg.val_fraction, cfg.num_proc, quiet, fixed)
+    result = encode_documents_sharded(corpus, rows, cache_dir, fp, out_dir, settings)
     del rows
     return _meta(cfg, corpus, fp, result.tokenizer, result.counts, result.shards,
                  parts=result.parts, split_rule=_split_rule(corpus, cfg.val_fraction, 0)), result.tokenizer

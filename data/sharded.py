@@ -41,8 +41,8 @@ from tqdm import tqdm
 from common.errors import UserError
 from common.schema import is_int
 from data.corpus import Corpus
-from data.pipeline import CHAR_DOC_SEPARATOR, DOC_BATCH, AnyTokenizer, BinCounts, _is_streaming, _tokenizer, \
-    bin_dtype, encode_documents, iter_text_batches, write_ids
+from data.pipeline import CHAR_DOC_SEPARATOR, DOC_BATCH, AnyTokenizer, BinCounts, EncodeSettings, _is_streaming, \
+    _tokenizer, bin_dtype, encode_documents, iter_text_batches, write_ids
 from data.shards import shard_name
 from data.source_errors import read_errors
 from data.splitting import val_document_count, val_document_mask
@@ -285,13 +285,14 @@ class ShardedResult:
     peak_worker_rss_mb: float = 0.0  # the largest peak RSS of a process that encoded parts this time
 
 
-def encode_documents_sharded(corpus: Corpus, rows: Any, cache_dir: Path, tokenizer_name: str, val_fraction: float,
-                             fp: str, out_dir: Path, num_proc: int, quiet: bool,
-                             fixed: AnyTokenizer | None = None) -> ShardedResult:
+def encode_documents_sharded(corpus: Corpus, rows: Any, cache_dir: Path, fp: str, out_dir: Path,
+                             settings: EncodeSettings) -> ShardedResult:
     """Encode a document corpus (`rows`, loaded by `load_rows(corpus, cache_dir)`) into out_dir's shards,
     resuming an interrupted prepare of the same plan (the caller has already emptied out_dir, but for
-    .work/hf, when the fingerprint differs). fixed: encode with this tokenizer (a pretrained model's; a
-    char vocabulary is kept as it is) instead of the one tokenizer_name names."""
+    .work/hf, when the fingerprint differs). settings.fixed: encode with this tokenizer (a pretrained
+    model's; a char vocabulary is kept as it is) instead of the one settings.tokenizer_name names."""
+    tokenizer_name, val_fraction, fixed = settings.tokenizer_name, settings.val_fraction, settings.fixed
+    num_proc, quiet = settings.num_proc, settings.quiet
     source = PartSource(corpus, cache_dir, PART_DOCS)  # read at each call (a test lowers it); workers cut by it too
     parts = plan_parts(rows, corpus, source.part_docs)
     plan = {"fingerprint": fp, "parts": len(parts), "tokenizer": None}
