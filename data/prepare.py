@@ -170,8 +170,7 @@ def _prepare_documents(cfg: DataConfig, corpus: Corpus, fp: str, out_dir: Path, 
     settings = EncodeSettings(cfg.tokenizer, cfg.val_fraction, cfg.num_proc, quiet, fixed)
     result = encode_documents_sharded(corpus, rows, cache_dir, fp, out_dir, settings)
     del rows
-    return _meta(cfg, corpus, fp, result.tokenizer, result.counts, result.shards,
-                 parts=result.parts, split_rule=_split_rule(corpus, cfg.val_fraction, 0)), result.tokenizer
+    return _meta(cfg, corpus, fp, result.tokenizer, result.counts, result.shards, parts=result.parts), result.tokenizer
 
 
 def _prepare_text(cfg: DataConfig, corpus: Corpus, fp: str, out_dir: Path, quiet: bool,
@@ -191,12 +190,13 @@ def _prepare_text(cfg: DataConfig, corpus: Corpus, fp: str, out_dir: Path, quiet
             os.replace(work_dir / entry["file"], out_dir / entry["file"])
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
-    return _meta(cfg, corpus, fp, tok, counts, shards, parts=1,
-                 split_rule=_split_rule(corpus, cfg.val_fraction, counts.characters)), tok
+    return _meta(cfg, corpus, fp, tok, counts, shards, parts=1), tok
 
 
 def _meta(cfg: DataConfig, corpus: Corpus, fp: str, tok: Any, counts: Any, shards: dict[str, list[dict]],
-          parts: int, split_rule: str) -> dict[str, Any]:
+          parts: int) -> dict[str, Any]:
+    """meta.json of a finished prepare. The split rule follows from the corpus, the val fraction and, for a
+    text, its length (counts.characters), so it is derived here rather than passed in."""
     return {
         "format_version": LAYOUT_VERSION,
         "fingerprint": fp,
@@ -212,7 +212,7 @@ def _meta(cfg: DataConfig, corpus: Corpus, fp: str, tok: Any, counts: Any, shard
         "shards": shards,
         "parts": parts,
         "val_fraction": cfg.val_fraction,
-        "split_rule": split_rule,
+        "split_rule": _split_rule(corpus, cfg.val_fraction, counts.characters),
         "documents": counts.documents or None,
         "characters": counts.characters or None,
         "config": dataclasses.asdict(cfg),
