@@ -97,6 +97,22 @@ class Float(Schema):
         return "a finite number" + (f" {' and '.join(bounds)}" if bounds else "")
 
 
+def range_text(rule: Int | Float) -> str:
+    """The bounds of a number rule as a config message says them: '>= 1', '> 0', 'in [0, 1)', 'from 1 to 8'."""
+    if isinstance(rule, Int):
+        if rule.low is not None and rule.high is not None:
+            return f"from {rule.low} to {rule.high}"
+        return f">= {rule.low}" if rule.low is not None else f"<= {rule.high}"
+    lower = (f"[{rule.low:g}", ">=", rule.low) if rule.low is not None else \
+        (f"({rule.above:g}", ">", rule.above) if rule.above is not None else None
+    upper = (f"{rule.high:g}]", "<=", rule.high) if rule.high is not None else \
+        (f"{rule.below:g})", "<", rule.below) if rule.below is not None else None
+    if lower and upper:
+        return f"in {lower[0]}, {upper[0]}"
+    sign, bound = (lower or upper)[1:]
+    return f"{sign} {bound:g}"
+
+
 @dataclass(frozen=True)
 class Bool(Schema):
     def check(self, value: Any, key: str) -> None:

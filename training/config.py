@@ -13,12 +13,13 @@ import dataclasses
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 
-from common.config_io import PATH, apply_overrides, closest, coerce, from_dict, load_yaml, to_dict
+from common.config_io import PATH, apply_overrides, check_ranges, closest, coerce, from_dict, load_yaml, to_dict
 from common.errors import UserError
+from common.schema import Float, Int
 from data.config import DataConfig
 from insight import ABLATION_MODES, AblationMode
 from model.config import ModelConfig
@@ -64,30 +65,19 @@ class TrainConfig:
     # AdamW state sharded across processes: FSDP2, training/parallel.py)
     parallel: Literal["ddp", "fsdp"] = "ddp"
 
+    # each setting's range, as data (common/config_io.py: check_ranges); the rules between settings follow
+    RANGES: ClassVar = {**dict.fromkeys(("batch_size", "grad_accum", "max_iters", "log_interval"), Int(1)),
+                        "lr": Float(above=0), "muon_lr": Float(above=0),
+                        "embedding_lr": (Float(above=0), " (or null for train.lr)"), "warmup_iters": Int(0),
+                        "cooldown_frac": Float(above=0, high=1), "lr_decay_iters": Int(1),
+                        "weight_decay": Float(low=0), "grad_clip": Float(low=0),
+                        **dict.fromkeys(("beta1", "beta2", "muon_momentum"), Float(low=0, below=1)),
+                        "peak_flops": (Float(above=0), " (or null to measure it)")}
+
     def __post_init__(self) -> None:
-        for name in ("batch_size", "grad_accum", "max_iters", "log_interval"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
-        for name in ("lr", "muon_lr"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}={getattr(self, name)}: must be > 0")
-        if self.embedding_lr is not None and not self.embedding_lr > 0:
-            raise ValueError(f"embedding_lr={self.embedding_lr}: must be > 0 (or null for train.lr)")
+        check_ranges(self, self.RANGES)
         if self.min_lr is not None and not 0 <= self.min_lr <= self.lr:
             raise ValueError(f"min_lr={self.min_lr}: must be in [0, lr={self.lr}]")
-        if self.warmup_iters < 0:
-            raise ValueError(f"warmup_iters={self.warmup_iters}: must be >= 0")
-        if not 0 < self.cooldown_frac <= 1:
-            raise ValueError(f"cooldown_frac={self.cooldown_frac}: must be in (0, 1]")
-        if self.lr_decay_iters is not None and self.lr_decay_iters < 1:
-            raise ValueError(f"lr_decay_iters={self.lr_decay_iters}: must be >= 1")
-        if self.weight_decay < 0 or self.grad_clip < 0:
-            raise ValueError("weight_decay and grad_clip must be >= 0")
-        for name in ("beta1", "beta2", "muon_momentum"):
-            if not 0 <= getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)}: must be in [0, 1)")
-        if self.peak_flops is not None and not self.peak_flops > 0:
-            raise ValueError(f"peak_flops={self.peak_flops}: must be > 0 (or null to measure it)")
         if not self.init_from.strip():
             raise ValueError("init_from must be scratch, a checkpoint, a Hugging Face model folder or a hub id")
 
@@ -98,13 +88,10 @@ class EvalConfig:
     iters: int = 50  # batches averaged per split; the same batches at every eval, so evals compare fairly
     batch_size: int | None = None  # None -> train.batch_size
 
+    RANGES: ClassVar = dict.fromkeys(("interval", "iters", "batch_size"), Int(1))
+
     def __post_init__(self) -> None:
-        if self.interval < 1:
-            raise ValueError(f"interval={self.interval}: must be >= 1")
-        if self.iters < 1:
-            raise ValueError(f"iters={self.iters}: must be >= 1")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise ValueError(f"batch_size={self.batch_size}: must be >= 1")
+        check_ranges(self, self.RANGES)
 
 
 @dataclass
@@ -116,11 +103,11 @@ class WandbConfig:
     attn_interval: int | None = None  # steps between attention snapshots; None -> every eval
     init_timeout: float = 90.0  # seconds wandb.init may wait for the server (online mode) before the run goes on without it
 
+    RANGES: ClassVar = {"attn_interval": (Int(1), " (or null: at every eval)"),
+                        "init_timeout": (Float(above=0, high=3600), " seconds")}
+
     def __post_init__(self) -> None:
-        if self.attn_interval is not None and self.attn_interval < 1:
-            raise ValueError(f"attn_interval={self.attn_interval}: must be >= 1 (or null: at every eval)")
-        if not 0 < self.init_timeout <= 3600:
-            raise ValueError(f"init_timeout={self.init_timeout}: must be in (0, 3600] seconds")
+        check_ranges(self, self.RANGES)
 
 
 MAX_ROLE_BATCH = 1024  # role probes held at once: 1024 x 101 tokens' maps of a layer are ~40 MB per head
@@ -139,11 +126,12 @@ class AttnConfig:
     # false: that is taken as off too
     ablation: AblationMode | bool = "zero"
 
+    RANGES: ClassVar = {"role_batch": (Int(1, MAX_ROLE_BATCH), " sequences")}
+
     def __post_init__(self) -> None:
         if self.layers is not None and any(layer < 0 for layer in self.layers):
             raise ValueError(f"layers={self.layers}: layer indices must be >= 0")
-        if not 1 <= self.role_batch <= MAX_ROLE_BATCH:
-            raise ValueError(f"role_batch={self.role_batch}: must be from 1 to {MAX_ROLE_BATCH} sequences")
+        check_ranges(self, self.RANGES)
         if self.ablation is False:
             self.ablation = "off"
         if self.ablation not in ABLATION_MODES:
