@@ -27,31 +27,31 @@ from __future__ import annotations
 import re
 import zlib
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 import numpy as np
 import torch
 
 from common.errors import UserError
-from data.shards import Shard, TokenStream
+from data.shards import Shard, SplitFiles, TokenStream
 
 
 class BatchLoader:
     """Draws (x, y) int64 batches of shape (batch_size, block_size) from one split's token shards
-    (`source`: one token file, or the split's shard files in order)."""
+    (`files`: PreparedData.split_files(split), or SplitFiles(one token file or the shard files, dtype))."""
 
-    def __init__(self, source: str | Path | Sequence[str | Path], dtype: np.dtype | str | type, block_size: int,
-                 batch_size: int, seed: int, rank: int = 0, world_size: int = 1, device: str | torch.device = "cpu",
-                 split: str | None = None, vocab_size: int | None = None) -> None:
+    def __init__(self, files: SplitFiles, block_size: int, batch_size: int, seed: int, rank: int = 0,
+                 world_size: int = 1, device: str | torch.device = "cpu") -> None:
+        source = files.source
         self.paths = [Path(source)] if isinstance(source, (str, Path)) else [Path(p) for p in source]
         self.path = self.paths[0] if self.paths else Path()
-        self.dtype = np.dtype(dtype)
+        self.dtype = np.dtype(files.dtype)
         self.block_size = int(block_size)
         self.batch_size = int(batch_size)
         self.seed, self.rank, self.world_size = int(seed), int(rank), int(world_size)
         # "train" / "val" from train.bin or train_00000.bin
-        self.split = split if split is not None else re.sub(r"_\d+$", "", self.path.stem)
-        self.vocab_size = vocab_size
+        self.split = files.split if files.split is not None else re.sub(r"_\d+$", "", self.path.stem)
+        self.vocab_size = files.vocab_size
         self.device = torch.device(device)
         if self.block_size < 1 or self.batch_size < 1:
             raise UserError(f"block_size and batch_size must be at least 1, got {self.block_size} and {self.batch_size}")

@@ -23,7 +23,7 @@ import numpy as np
 
 from common.errors import UserError
 from common.schema import is_int
-from data.shards import Shard, TokenStream, check_ids
+from data.shards import Shard, SplitFiles, TokenStream, check_ids
 from data.tokenizer import Tokenizer, tokenizer_from_json
 
 META_FILE = "meta.json"
@@ -51,6 +51,10 @@ class PreparedData:
     def split_paths(self, split: str) -> list[Path]:
         """The split's token files, in stream order."""
         return [s.path for s in self.split_shards(split)]
+
+    def split_files(self, split: str) -> SplitFiles:
+        """The split's token files with their dtype, name and the tokenizer's vocabulary size (BatchLoader's input)."""
+        return SplitFiles(self.split_paths(split), self.dtype, split, self.tokenizer.vocab_size)
 
     def split_tokens(self, split: str) -> int:
         return sum(s.tokens for s in self.split_shards(split))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -29,6 +29,20 @@ FULL_CHECK_TOKENS = 1 << 27  # folders up to this many tokens (256 MB of uint16)
 SAMPLE_BLOCKS, SAMPLE_TOKENS = 4, 1 << 18  # larger ones: this many evenly spaced blocks of each shard
 READ_CHUNK = 1 << 24  # tokens read at a time by a whole-shard check (bounded memory)
 REPREPARE = "prepare it again with `python -m data.prepare CONFIG --force`"
+
+
+@dataclass(frozen=True)
+class SplitFiles:
+    """One split's token files as a reader is given them: the files in stream order (or one file), the
+    dtype of their ids, the split's name (None: from the first file's name, train_00000.bin -> "train"),
+    and the vocabulary size every id must stay under (None: unchecked). They describe the same files and
+    go everywhere together, so they are one record: PreparedData.split_files(split) gives all four, and a
+    lone token file is SplitFiles(path, np.uint16)."""
+
+    source: str | Path | Sequence[str | Path]
+    dtype: np.dtype | str | type
+    split: str | None = None
+    vocab_size: int | None = None
 
 
 @dataclass(frozen=True)

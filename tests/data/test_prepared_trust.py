@@ -19,6 +19,7 @@ from common.errors import UserError
 from data import shards as shards_module
 from data.loader import BatchLoader
 from data.prepare import load_prepared, prepare_data
+from data.shards import SplitFiles
 from tests.helpers import TINY, assert_one_line_error, prepared_shakespeare_dir, run_cli
 from tests.data.test_sharded import run_read_only, snapshot
 
@@ -84,8 +85,7 @@ def test_a_large_folder_is_sampled_and_the_loader_checks_every_batch(data_dir, m
     ids.flush()
     del ids
     prepared = load_prepared(folder)  # the sample misses it
-    loader = BatchLoader(prepared.split_paths("train"), prepared.dtype, block_size=64, batch_size=64, seed=0,
-                         vocab_size=prepared.tokenizer.vocab_size)
+    loader = BatchLoader(prepared.split_files("train"), block_size=64, batch_size=64, seed=0)
     drawn = 0
     with pytest.raises(UserError, match="holds token id 65, but the tokenizer has only 65 ids"):
         for drawn in range(2000):  # seeded: the same batches every run; one of them covers the bad id
@@ -100,8 +100,8 @@ def test_a_folder_of_the_older_layout_is_read_and_gives_the_same_batches(data_di
     """train.bin / val.bin and a format-1 meta.json (before shards): reused as it is, one shard per split."""
     folder = folder_of(data_dir)
     prepared = load_prepared(folder)
-    batches = [BatchLoader(prepared.split_paths("train"), prepared.dtype, 32, 4, seed=1, split="train").next_batch()
-               for _ in range(1)]
+    files = SplitFiles(prepared.split_paths("train"), prepared.dtype, "train")
+    batches = [BatchLoader(files, 32, 4, seed=1).next_batch() for _ in range(1)]
     meta = json.loads((folder / "meta.json").read_text())
     for split in ("train", "val"):
         shutil.move(folder / f"{split}_00000.bin", folder / f"{split}.bin")
@@ -115,7 +115,7 @@ def test_a_folder_of_the_older_layout_is_read_and_gives_the_same_batches(data_di
         old = prepare_data(load_run_config(TINY).data, quiet=True)
     assert old.reused and old.split_paths("train") == [folder / "train.bin"]
     assert old.train_tokens == prepared.train_tokens and old.tokenizer.to_json() == prepared.tokenizer.to_json()
-    x, y = BatchLoader(old.split_paths("train"), old.dtype, 32, 4, seed=1).next_batch()
+    x, y = BatchLoader(SplitFiles(old.split_paths("train"), old.dtype), 32, 4, seed=1).next_batch()
     assert (x == batches[0][0]).all() and (y == batches[0][1]).all()
 
 
