@@ -38,7 +38,7 @@ import torch
 from common.errors import UserError
 from data.prepare import PreparedData
 from insight.ablation import ablation_dloss
-from insight.explorer import write_explorer
+from insight.explorer import ExplorerOptions, HeadScores, write_explorer
 from insight.heatmap import LABEL_MAX_T, draw_heatmap, draw_heatmap_zoom
 from insight.role_plot import draw_heads_over_training, induction_summary
 from insight.roles import ROLE_NAMES, prev_token_score, probe_length, probe_role_scores, role_probe
@@ -283,8 +283,8 @@ class AttentionMonitor:
                     else f"; ablation Δloss over the probe text, each head {self.probes.ablation}-ablated")
         note = (f"step {step}: prev_token over the probe text's {len(self.probes.ids)} tokens; duplicate_token and "
                 f"induction on the role probe ({self.probes.role_note}){ablation}")
-        return write_explorer(path, internals, self.tokens, title=f"attention at step {step}", info=f"step {step}",
-                              max_bytes=EXPLORER_MAX_BYTES, head_scores=head_scores, scores_note=note)
+        options = ExplorerOptions(title=f"attention at step {step}", info=f"step {step}", max_bytes=EXPLORER_MAX_BYTES)
+        return write_explorer(path, internals, self.tokens, options=options, scores=HeadScores(head_scores, note))
 
     def summary(self) -> str:
         """The run's induction heads and phase change, in one line (insight.role_plot.induction_summary)."""

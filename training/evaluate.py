@@ -27,9 +27,8 @@ def evaluate(model: GPT, cfg: RunConfig, prepared: PreparedData, rt: Runtime, bl
     batch_size = cfg.eval.batch_size or cfg.train.batch_size
     out = {}
     for split in ("train", "val"):
-        loader = BatchLoader(prepared.split_paths(split), prepared.dtype, block_size, batch_size,
-                             seed=cfg.seed + EVAL_SEED_OFFSET, rank=rt.rank, world_size=rt.world_size,
-                             device=rt.device, split=split, vocab_size=prepared.tokenizer.vocab_size)
+        loader = BatchLoader(prepared.split_files(split), block_size, batch_size, seed=cfg.seed + EVAL_SEED_OFFSET,
+                             rank=rt.rank, world_size=rt.world_size, device=rt.device)
         total = torch.zeros((), device=rt.device)
         per_position = torch.zeros(block_size, device=rt.device)  # (T,) val losses summed over windows
         for _ in range(cfg.eval.iters):

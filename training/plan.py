@@ -169,8 +169,7 @@ def _timing_run(cfg: RunConfig, rt: Runtime, model_config: ModelConfig, prepared
     has the same structure), its optimizers, and the first batch of the run's data."""
     def build():
         model = GPT(model_config).to(rt.device)
-        loader = BatchLoader(prepared.split_paths("train"), prepared.dtype, model_config.block_size,
-                             cfg.train.batch_size, seed=cfg.seed, device=rt.device, split="train",
-                             vocab_size=prepared.tokenizer.vocab_size)
+        loader = BatchLoader(prepared.split_files("train"), model_config.block_size, cfg.train.batch_size,
+                             seed=cfg.seed, device=rt.device)
         return model, build_optimizers(model, cfg.train), loader.next_batch()
     return build

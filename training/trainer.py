@@ -146,9 +146,8 @@ def build(plan: RunPlan) -> Run:
     optimizers = build_optimizers(model, tc)
     optimizers.set_compute_dtype(rt.autocast_dtype)
     prepared = plan.prepared
-    loader = BatchLoader(prepared.split_paths("train"), prepared.dtype, plan.model_config.block_size,
-                         tc.batch_size, seed=cfg.seed, rank=rt.rank, world_size=rt.world_size, device=rt.device,
-                         split="train", vocab_size=prepared.tokenizer.vocab_size)
+    loader = BatchLoader(prepared.split_files("train"), plan.model_config.block_size, tc.batch_size,
+                         seed=cfg.seed, rank=rt.rank, world_size=rt.world_size, device=rt.device)
     result = TrainResult(out_dir=plan.out_dir, step=0, model=model)
     if plan.resume_point is not None:
         state = (resume_sharded(plan.resume_point, plan.out_dir, model, optimizers, loader, rt)

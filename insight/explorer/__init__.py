@@ -26,7 +26,6 @@ fill what is left of `max_bytes` (pack.py says in which order).
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
 import math
 import re
@@ -194,23 +193,8 @@ def explorer_html(internals: dict[int, AttentionInternals], tokens: Sequence[str
 
 def write_explorer(path: str | Path, internals: dict[int, AttentionInternals], tokens: Sequence[str],
                    selected: dict[int, list[int]] | None = None, *, options: ExplorerOptions = ExplorerOptions(),
-                   scores: HeadScores | None = None, **old_keywords) -> Path:
+                   scores: HeadScores | None = None) -> Path:
     """explorer_html(...) written to path (UTF-8); returns the path."""
-    if old_keywords:
-        options, scores = _from_old_keywords(options, scores, old_keywords)
     path = Path(path)
     path.write_text(explorer_html(internals, tokens, selected, options=options, scores=scores), encoding="utf-8")
     return path
-
-
-def _from_old_keywords(options: ExplorerOptions, scores: HeadScores | None,
-                       old: dict) -> tuple[ExplorerOptions, HeadScores | None]:
-    """explorer_html's keywords from before ExplorerOptions and HeadScores (title=, max_bytes=, head_scores=,
-    scores_note=, ...) folded into the two records. Only for training/attn_monitor.py, which still passes
-    them and is not this change's to edit: remove once it passes options= and scores=."""
-    old = dict(old)
-    values, note = old.pop("head_scores", None), old.pop("scores_note", None)
-    options = dataclasses.replace(options, **old)  # a name that was never a keyword is a TypeError here
-    if values is not None or note is not None:
-        scores = HeadScores(values or {}, note or "")
-    return options, scores

@@ -16,6 +16,7 @@ import torch
 
 from common.errors import UserError
 from data.loader import BatchLoader
+from data.shards import SplitFiles
 from model import GPT
 from pretrained.checkpoint import read_config
 from tests.helpers import prepared_shakespeare_dir, tiny_config
@@ -129,7 +130,7 @@ def test_the_first_step_equals_a_hand_written_adamw_step(tmp_path, embedding_lr)
     model_cfg = with_vocab_size(cfg, cfg.model, prepared.tokenizer.vocab_size)
     torch.manual_seed(7)
     model = GPT(model_cfg)  # the run's init: seeded the same way, built first
-    loader = BatchLoader(prepared.split_paths("train"), prepared.dtype, model_cfg.block_size, 3, seed=7)
+    loader = BatchLoader(SplitFiles(prepared.split_paths("train"), prepared.dtype), model_cfg.block_size, 3, seed=7)
     for _ in range(2):  # two micro-batches, each loss halved
         x, y = loader.next_batch()
         (model(x, y)[1] / 2).backward()
@@ -185,7 +186,7 @@ def test_eval_losses_are_the_mean_over_fixed_batches_of_each_split(tmp_path):
     assert model.training and evaluate(model, cfg, prepared, rt, model.config.block_size) == losses
     model.eval()
     for split in ("train", "val"):
-        loader = BatchLoader(prepared.split_paths(split), prepared.dtype, model.config.block_size, 5,
+        loader = BatchLoader(SplitFiles(prepared.split_paths(split), prepared.dtype), model.config.block_size, 5,
                              seed=cfg.seed + EVAL_SEED_OFFSET)
         with torch.no_grad():
             batch_losses = [model(*loader.next_batch())[1].item() for _ in range(3)]

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from data.loader import BatchLoader
+from data.shards import SplitFiles
 from model import GPT
 from pretrained.checkpoint import load_model, save_model
 from tests.helpers import REPO, prepared_shakespeare_dir, tiny_config
@@ -101,7 +102,7 @@ def rank_1(rt, ckpt, out_dir, iters):
 
 def local_mean(model: GPT, prepared, cfg, split: str, rank: int, world_size: int, iters: int) -> float:
     """The mean loss over the eval batches one process draws, computed from the loader directly."""
-    loader = BatchLoader(prepared.split_paths(split), prepared.dtype, model.config.block_size, 4,
+    loader = BatchLoader(SplitFiles(prepared.split_paths(split), prepared.dtype), model.config.block_size, 4,
                          seed=cfg.seed + EVAL_SEED_OFFSET, rank=rank, world_size=world_size)
     with torch.no_grad():
         return sum(model(*loader.next_batch())[1].item() for _ in range(iters)) / iters
