@@ -30,7 +30,6 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch

@@ -45,7 +45,6 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
-from data.loader import BatchLoader
 from training.config import RunConfig, TrainConfig
 from training.optim import Optimizers
 from training.runtime import DTYPES, Runtime, synchronize

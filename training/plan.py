@@ -42,6 +42,7 @@ from training.optim import build_optimizers
 from training.resume import ResumePoint, data_fingerprint, read_resume_point
 from training.runtime import Runtime, seed_everything
 
+
 @dataclass(frozen=True)
 class RunPlan:
     """Everything a run is, resolved once (module doc)."""
