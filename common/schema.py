@@ -37,6 +37,11 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def is_number(value: Any) -> bool:
+    """A finite int or float: not a bool (Python counts one as an int), not inf or NaN."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def show(value: Any) -> str:
     """A value as a message shows it: short, with its JSON type."""
     kind = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
@@ -85,7 +90,7 @@ class Float(Schema):
     below: float | None = None
 
     def check(self, value: Any, key: str) -> None:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and \
+        ok = is_number(value) and \
             (self.low is None or value >= self.low) and (self.high is None or value <= self.high) and \
             (self.above is None or value > self.above) and (self.below is None or value < self.below)
         if not ok:

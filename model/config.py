@@ -1,20 +1,15 @@
 """ModelConfig: every shape and architectural choice of a GPT, validated when it is built."""
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
-from common.schema import is_int
+from common.schema import is_int, is_number
 
 MLP_KINDS = ("gelu", "swiglu")
 NORM_KINDS = ("layernorm", "rmsnorm")
 POS_KINDS = ("rope", "learned")
 ATTN_IMPLS = ("manual", "sdpa")
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass
@@ -62,11 +57,11 @@ class ModelConfig:
                              f"so each key/value head serves the same number of query heads")
         if self.pos == "rope" and self.head_dim % 2 != 0:
             raise ValueError(f"pos='rope' needs an even head_dim, got d_model/n_head = {self.head_dim}")
-        if not (_is_number(self.rope_theta) and self.rope_theta > 0):
+        if not (is_number(self.rope_theta) and self.rope_theta > 0):
             raise ValueError(f"rope_theta={self.rope_theta!r}: must be a finite number > 0")
-        if self.norm_eps is not None and not (_is_number(self.norm_eps) and 0 < self.norm_eps < 1):
+        if self.norm_eps is not None and not (is_number(self.norm_eps) and 0 < self.norm_eps < 1):
             raise ValueError(f"norm_eps={self.norm_eps!r}: must be in (0, 1), or null for the norm's default")
-        if not (_is_number(self.dropout) and 0.0 <= self.dropout < 1.0):
+        if not (is_number(self.dropout) and 0.0 <= self.dropout < 1.0):
             raise ValueError(f"dropout={self.dropout!r}: must be in [0, 1)")
 
     @property

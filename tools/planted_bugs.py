@@ -67,7 +67,7 @@ PLANTS = [
     Plant("best-worse", "best/ overwritten by a worse eval", "training/trainer.py",
           'improved = losses["val"] < result.best_val', "improved = True", (TRAIN,)),
     Plant("eval-split", "the val loss computed on the train split", "training/evaluate.py",
-          "prepared.split_paths(split)", 'prepared.split_paths("train")', (TRAIN,)),
+          "prepared.split_files(split)", 'prepared.split_files("train")', (TRAIN,)),
     Plant("grad-clip", "train.grad_clip ignored", "training/step.py",
           "grad_clip or math.inf)", "math.inf)", (TRAIN,)),
     Plant("dropout-eval", "attention dropout active in eval mode", "model/gpt.py",

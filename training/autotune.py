@@ -45,6 +45,7 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
+from common.schema import is_number
 from training.config import RunConfig, TrainConfig
 from training.optim import Optimizers
 from training.runtime import DTYPES, Runtime, synchronize
@@ -100,7 +101,8 @@ class Comparison:
     @classmethod
     def from_json(cls, d: Any) -> "Comparison":
         ms = d.get("ms_per_step") if isinstance(d, dict) else None
-        if not (isinstance(ms, dict) and ms and all(isinstance(k, str) and _real(v) and v > 0 for k, v in ms.items())):
+        if not (isinstance(ms, dict) and ms
+                and all(isinstance(k, str) and is_number(v) and v > 0 for k, v in ms.items())):
             raise ValueError(f"ms_per_step is not a table of positive timings: {str(ms)[:120]}")
         baseline, kept, unit = d.get("baseline"), d.get("kept"), d.get("unit", "ms/step")
         if not ((baseline is None and kept is None) or (baseline in ms and kept in ms)):
@@ -149,7 +151,7 @@ class Choice:
         if not (isinstance(d, dict) and d.get("dtype") in DTYPES and isinstance(d.get("compile"), bool)):
             raise ValueError(f"not a dtype/compile choice: {str(d)[:120]}")
         seconds = d.get("compile_seconds")
-        if not (seconds is None or (_real(seconds) and seconds >= 0)):
+        if not (seconds is None or (is_number(seconds) and seconds >= 0)):
             raise ValueError(f"compile_seconds is not a number of seconds: {str(seconds)[:60]}")
         if "comparisons" in d:
             if not isinstance(d["comparisons"], list):
@@ -165,11 +167,6 @@ class Choice:
                 raise ValueError(f"attention is not a fused-attention comparison: {str(d['attention'])[:120]}")
         return cls(dtype=d["dtype"], compile=d["compile"], comparisons=comparisons, compile_seconds=seconds,
                    note=str(d.get("note", "")), attention=attention)
-
-
-def _real(value) -> bool:
-    """A finite int or float (JSON's numbers; not a bool, which Python counts as an int)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def saved_choice(out_dir: Path) -> Choice | None:

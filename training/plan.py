@@ -34,7 +34,7 @@ from model.config import ModelConfig
 from model.gpt import GPT
 from pretrained.load import Pretrained
 from pretrained.memory import BYTES_FP32, TRAINING_BYTES_PER_PARAM, check_fits_in_memory
-from training.autotune import Choice, Precision, decide_precision
+from training.autotune import Choice, decide_precision
 from training.checkpoint import LATEST
 from training.config import RunConfig
 from training.init_from import CROPPABLE, init_source
@@ -49,7 +49,7 @@ class RunPlan:
 
     cfg: RunConfig  # the settings as given; callees take the sections they use
     rt: Runtime  # where and how it executes: device, processes, autocast dtype, compile (final)
-    precision: Precision  # rt's autocast dtype and compile, and the attention kernel's precision
+    attention_float32: bool  # the fused attention kernel on float32 copies (what auto measured faster)
     choice: Choice | None  # what dtype/compile auto decided, with its measurements; None when nothing was auto
     out_dir: Path
     latest: Path | None  # the checkpoint a resume continues
@@ -90,7 +90,7 @@ def resolve_run(cfg: RunConfig, rt: Runtime, say: Callable[[str], None] | None =
     choice, precision = decide_precision(cfg, rt, _timing_run(cfg, rt, model_config, prepared),
                                          steps_left=cfg.train.max_iters, resumed=latest is not None, say=say)
     rt = dataclasses.replace(rt, autocast_dtype=precision.autocast_dtype, compile=precision.compile)
-    return RunPlan(cfg=cfg, rt=rt, precision=precision, choice=choice, out_dir=out_dir, latest=latest,
+    return RunPlan(cfg=cfg, rt=rt, attention_float32=precision.attention_float32, choice=choice, out_dir=out_dir, latest=latest,
                    source=source, model_config=model_config, prepared=prepared, extra=extra, files=files,
                    resume_point=resume_point)
 

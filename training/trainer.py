@@ -141,7 +141,7 @@ def build(plan: RunPlan) -> Run:
     model = GPT(plan.model_config)  # FSDP: built whole on the CPU, then each process keeps its shard on the device
     if plan.source is not None and plan.latest is None:
         plan.source.load_into(model)  # the pretrained weights; optimizer and schedule start fresh
-    model.set_fused_attention_float32(plan.precision.attention_float32)
+    model.set_fused_attention_float32(plan.attention_float32)
     model = shard_model(model, rt) if tc.parallel == "fsdp" else model.to(rt.device)
     optimizers = build_optimizers(model, tc)
     optimizers.set_compute_dtype(rt.autocast_dtype)
