@@ -6,6 +6,7 @@ resume), loop (steps, evals, checkpoints, a clean stop).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -155,8 +156,11 @@ def build(plan: RunPlan) -> Run:
         result.step, result.best_val = state["step"], state["best_val"]
         result.skipped_steps = state.get("skipped_steps", 0)
     if rt.is_main:
+        # the model section as resolved (vocabulary from the tokenizer, a source's shape): `train.py
+        # RUN/config.yaml out_dir=RUN` then describes this very model and resumes it
         with could_not_write(plan.out_dir / "config.yaml", plan.out_dir):
-            (plan.out_dir / "config.yaml").write_text(config_to_yaml(cfg))
+            (plan.out_dir / "config.yaml").write_text(
+                config_to_yaml(dataclasses.replace(cfg, model=plan.model_config)))
 
     logger = RunLogger(cfg, rt.is_main, result.step, resumed=plan.latest is not None)
     try:
