@@ -28,6 +28,7 @@ import numpy as np
 from tqdm import tqdm
 
 from common.errors import UserError
+from common.writes import write_file
 from data.corpus import Corpus
 from data.source_errors import read_errors
 from data.shards import shard_name
@@ -70,13 +71,8 @@ class EncodeSettings:
 
 
 def write_ids(path: Path, ids: np.ndarray) -> None:
-    """Write one whole token file: to a temp name, fsynced, then renamed (never seen half-written)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        ids.tofile(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write one whole token file (common/writes.py: never seen half-written)."""
+    write_file(path, ids.tofile)
 
 
 class ShardWriter:

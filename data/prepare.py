@@ -40,6 +40,7 @@ from typing import Any, Iterator
 
 from common.config_io import apply_overrides, coerce, from_dict, load_yaml
 from common.errors import ArgumentParser, UserError, user_errors_exit
+from common.writes import write_file
 from data.config import DataConfig
 from data.corpus import Corpus
 from data.pipeline import EncodeSettings, bin_dtype, datasets_progress, write_text_shards
@@ -146,15 +147,14 @@ def _reusable_as_sampled(cfg: DataConfig, corpus: Corpus, tokenizer: Tokenizer |
 
 def _prepare(cfg: DataConfig, corpus: Corpus, fp: str, out_dir: Path, quiet: bool, force: bool,
              fixed: Tokenizer | None = None) -> PreparedData:
+    _no_readers(out_dir)
     with datasets_progress(not quiet):
         if corpus.kind == "documents":
             meta, tok = _prepare_documents(cfg, corpus, fp, out_dir, quiet, force, fixed)
         else:
             meta, tok = _prepare_text(cfg, corpus, fp, out_dir, quiet, fixed)
     for name, content in stored_tokenizer(tok)[1].items():  # a tokenizer.json sits beside meta.json
-        tmp = out_dir / f".{name}.tmp"
-        tmp.write_bytes(content)
-        os.replace(tmp, out_dir / name)
+        write_file(out_dir / name, content)
     write_json_atomic(out_dir / META_FILE, meta)  # the folder is complete from here on
     shutil.rmtree(out_dir / WORK, ignore_errors=True)
     return load_prepared(out_dir)
@@ -225,6 +225,23 @@ def _split_rule(corpus: Corpus, val_fraction: float, characters: int) -> str:
         return (f"characters [0, {text_split_point(characters, val_fraction)}) train, the rest val "
                 f"(int(n_chars * (1 - {val_fraction})))")
     return f"document i is val when floor((i+1)*{val_fraction}) > floor(i*{val_fraction})"
+
+
+def _no_readers(out_dir: Path) -> None:
+    """Refuse to remake `out_dir` while a training run reads it (data/prepared.py: `reading`): the run opens
+    the shards again for every batch, and would die on the first one deleted or read another corpus."""
+    try:
+        import fcntl
+        fd = os.open(out_dir / META_FILE, os.O_RDONLY)
+    except (ImportError, OSError):  # not POSIX, or no complete folder: no run can be reading it
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released at once: _exclusive serialises the writers
+    except BlockingIOError:
+        raise UserError(f"the prepared data '{out_dir}' is being read by a training run: let it finish (or stop "
+                        f"it) before preparing it again, or set {DATA_DIR_ENV} to another data folder") from None
+    finally:
+        os.close(fd)
 
 
 @contextmanager

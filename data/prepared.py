@@ -1,8 +1,11 @@
 """A prepared data folder, opened for reading: `load_prepared(folder)` checks it and describes it.
 
-Readers never write: opening a folder renames, deletes and creates nothing and takes no lock, so a
-complete folder on a read-only mount (or one that another process is reading) opens as it is. The one
-writer is `data.prepare`, which holds the folder's lock while it (re)makes it.
+Readers never write: opening a folder renames, deletes and creates nothing, so a complete folder on a
+read-only mount (or one that another process is reading) opens as it is. The one writer is `data.prepare`,
+which holds the folder's lock while it (re)makes it. A training run, which reads the shards again for every
+batch, holds `reading(folder)` while it trains: a shared lock on meta.json, opened read-only (nothing is
+created or changed), that `data.prepare` checks before it remakes a folder (data/prepare.py: `_no_readers`),
+so that no run's files are deleted under it.
 
 What is checked before anything is trusted: meta.json is valid and complete, every shard it lists exists
 with exactly the recorded number of tokens, and no shard holds an id outside the tokenizer's vocabulary
@@ -15,9 +18,11 @@ Layouts read:
 from __future__ import annotations
 
 import json
+import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -135,3 +140,28 @@ def load_prepared(directory: str | Path) -> PreparedData:
     tokenizer = tokenizer_from_json(meta.get("tokenizer"), base_dir=directory)  # a tokenizer.json sits beside
     check_ids(shards, dtype, tokenizer.vocab_size, f"'{directory / META_FILE}'")
     return PreparedData(dir=directory, meta=meta, tokenizer=tokenizer, dtype=dtype, shards=shards)
+
+
+@contextmanager
+def reading(folder: Path) -> Iterator[None]:
+    """The block reads the prepared `folder` (module doc): a shared flock on its meta.json, dropped at the end
+    or when the process dies. Refused, in one line, when the folder was remade between its loading and now."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        yield
+        return
+    meta = Path(folder) / META_FILE
+    try:
+        fd = os.open(meta, os.O_RDONLY)
+    except OSError as e:
+        raise UserError(f"prepared data '{folder}' changed while the run started ({e.strerror or e}): run the "
+                        f"command again") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        if os.fstat(fd).st_ino != os.stat(meta).st_ino:  # a prepare replaced meta.json before the lock
+            raise UserError(f"prepared data '{folder}' was prepared again while the run started: run the "
+                            f"command again")
+        yield
+    finally:
+        os.close(fd)

@@ -40,6 +40,7 @@ from tqdm import tqdm
 
 from common.errors import UserError
 from common.schema import is_int
+from common.writes import write_file
 from data.corpus import Corpus
 from data.pipeline import CHAR_DOC_SEPARATOR, DOC_BATCH, AnyTokenizer, BinCounts, EncodeSettings, _is_streaming, \
     _tokenizer, bin_dtype, encode_documents, iter_text_batches, write_ids
@@ -136,18 +137,18 @@ def encode_part(rows: Any, index: int, report: Callable[[int, int], None], sourc
     tok = _tokenizer(tokenizer)
     dtype = bin_dtype(tok.vocab_size)
     ids_path, lens_path = _part_paths(work, index)
-    ids_tmp = ids_path.with_name(f".{ids_path.name}.tmp")
     lens: list[int] = []
-    with read_errors(source.corpus), open(ids_tmp, "wb") as f:
+
+    def encode_into(f) -> None:
         for batch in iter_text_batches(rows, DOC_BATCH):
             encoded = encode_documents(tok, batch)
             lens.extend(len(ids) for ids in encoded)
             flat = np.concatenate([np.asarray(ids, dtype=dtype) for ids in encoded]) if encoded else np.zeros(0, dtype)
             flat.tofile(f)
             report(len(batch), int(flat.size))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(ids_tmp, ids_path)
+
+    with read_errors(source.corpus):
+        write_file(ids_path, encode_into)
     write_ids(lens_path, np.asarray(lens, dtype=np.uint32))  # last: its presence says the part is encoded
     return {"docs": len(lens), "tokens": int(sum(lens)), "peak_rss_mb": peak_rss_mb(), "pid": os.getpid()}
 
@@ -168,18 +169,7 @@ def peak_rss_mb() -> float:
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write JSON so that `path` is either the old file or the whole new one, even across a crash."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, ensure_ascii=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
+    write_file(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
 
 
 def split_part(index: int, first_doc: int, work: Path, out_dir: Path, dtype: np.dtype,
@@ -195,9 +185,10 @@ def split_part(index: int, first_doc: int, work: Path, out_dir: Path, dtype: np.
     record: dict[str, Any] = {"part": index, "docs": len(lens), "shards": {}, "documents": {}}
     for split, in_split in (("train", ~is_val), ("val", is_val)):
         name = shard_name(split, index)
-        tmp = out_dir / f".{name}.tmp"
         n_tokens, max_id = 0, -1
-        with open(tmp, "wb") as f:
+
+        def split_into(f) -> None:
+            nonlocal n_tokens, max_id
             lo = 0
             while lo < len(lens):  # a block of documents holding about SPLIT_BLOCK_TOKENS ids
                 hi = min(len(lens), max(lo + 1, int(np.searchsorted(ends, starts[lo] + SPLIT_BLOCK_TOKENS, "right"))))
@@ -209,16 +200,15 @@ def split_part(index: int, first_doc: int, work: Path, out_dir: Path, dtype: np.
                     n_tokens += int(chunk.size)
                     max_id = max(max_id, int(chunk.max()))
                 lo = hi
-            f.flush()
-            os.fsync(f.fileno())
+
+        write_file(out_dir / name, split_into)
         if n_tokens:
-            os.replace(tmp, out_dir / name)
             record["shards"][split] = {"file": name, "tokens": n_tokens, "max_id": max_id}
-        else:
-            tmp.unlink()
+        else:  # no shard for a split without tokens
+            (out_dir / name).unlink()
             record["shards"][split] = None
         record["documents"][split] = int(((lens > 0) & in_split).sum())
-    del ids
+    ids = None  # the memmap closed before its file is deleted
     write_json_atomic(work / f"done_{index:05d}.json", record)
     ids_path.unlink()
     lens_path.unlink()

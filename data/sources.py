@@ -37,6 +37,7 @@ from typing import Any
 from tqdm import tqdm
 
 from common.errors import UserError
+from common.writes import write_file
 from data.config import DataConfig
 from data.corpus import LOCAL_BUILDERS, Corpus
 from data.repeated import REPEATED_VERSION, repeated_lines
@@ -61,20 +62,17 @@ def ensure_tinyshakespeare(quiet: bool = False) -> Path:
     target = tinyshakespeare_path()
     if target.is_file():
         return target
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with urllib.request.urlopen(TINYSHAKESPEARE_URL, timeout=30) as response, open(tmp, "wb") as out:
+    def download_into(out) -> None:
+        with urllib.request.urlopen(TINYSHAKESPEARE_URL, timeout=30) as response:
             total = int(response.headers.get("Content-Length") or 0) or None
             with tqdm(total=total, unit="B", unit_scale=True, desc="download tinyshakespeare", disable=quiet) as bar:
                 while chunk := response.read(1 << 16):
                     out.write(chunk)
                     bar.update(len(chunk))
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, target)  # the file appears whole or not at all
+
+    try:
+        write_file(target, download_into)  # the file appears whole or not at all
     except (OSError, ValueError) as e:  # URLError, timeouts and disk errors are all OSErrors
-        tmp.unlink(missing_ok=True)
         reason = getattr(e, "reason", None) or e
         raise UserError(f"cannot download tinyshakespeare ({reason}): save {TINYSHAKESPEARE_URL} as {target}, "
                         f"or set {DATA_DIR_ENV} to a folder that holds tinyshakespeare/input.txt") from None

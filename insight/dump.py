@@ -32,6 +32,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from common.writes import write_file
 from insight.ablation import ablation_dloss
 from insight.explorer import HEAD_SCORE_NAMES, ExplorerOptions, HeadScores, write_explorer
 from insight.heatmap import draw_heatmap
@@ -141,7 +142,7 @@ def dump_attention(weights_by_layer: dict[int, torch.Tensor], heads_by_layer: di
         written.append(png)
     for name, values in (head_scores or {}).items():
         arrays[f"head_{name}"] = np.asarray(values, dtype=np.float32)
-    np.savez(out_dir / "attn.npz", **arrays)
+    write_file(out_dir / "attn.npz", lambda f: np.savez(f, **arrays))
     return [out_dir / "attn.npz", *written]
 
 

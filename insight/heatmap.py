@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import torch
 
+from common.writes import write_file
 from insight.stats import ArrayLike
 
 if TYPE_CHECKING:
@@ -232,7 +233,7 @@ def draw_heatmap(weights: ArrayLike, tokens: Sequence[str] | None = None, title:
     fig = _draw_grid(w[heads], heads, panel, _CellLabels(ticks, names, fontsize, rotate=labelled),
                      _Captions(title, "key", "query"))
     if path is not None:
-        fig.savefig(path, format="png", dpi=100)
+        save_png(fig, path)
     return fig
 
 
@@ -264,7 +265,7 @@ def draw_heatmap_zoom(weights: ArrayLike, tokens: Sequence[str] | None, path: st
     fig = _draw_grid(w[heads][:, start:, start:], heads, panel, _CellLabels(ticks, names, fontsize, rotate=True),
                      captions, every_panel=True)
     if path is not None:
-        fig.savefig(path, format="png", dpi=100)
+        save_png(fig, path)
     return fig
 
 
@@ -274,3 +275,8 @@ def attention_grid_image(weights: ArrayLike, tokens: Sequence[str] | None = None
     fig = draw_heatmap(weights, tokens, title, heads=heads)
     fig.canvas.draw()
     return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()  # (H, W, 3)
+
+
+def save_png(fig: "Figure", path: str | Path) -> None:
+    """`fig` as a PNG at dpi 100, written whole through common/writes.py (a link at `path` is replaced)."""
+    write_file(path, lambda f: fig.savefig(f, format="png", dpi=100))

@@ -14,13 +14,13 @@ run) has none; so has one that never reaches it.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
 
+from insight.heatmap import save_png
 from insight.roles import ROLE_THRESHOLDS
 
 PHASE_THRESHOLD = 0.5
@@ -176,10 +176,7 @@ def draw_heads_over_training(rows: Iterable[Sequence], icl: Iterable[tuple[int, 
     bottom.set_ylabel("val ICL score (nats)")
     bottom.set_xlabel("step")
     if path is not None:
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.tmp")
-        fig.savefig(tmp, format="png", dpi=100)
-        os.replace(tmp, path)
+        save_png(fig, path)
     return fig
 
 

@@ -15,7 +15,6 @@ save swapped the folder away mid-read.
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from safetensors.torch import load_file, save_file
 
 from common.errors import UserError
 from common.json_file import FileContentError, MissingFileError, read_json
+from common.writes import owning, write_file
 from model.config import ModelConfig
 from model.gpt import GPT
 from pretrained.memory import check_fits_in_memory
@@ -52,16 +52,20 @@ def _weights_to_save(model: GPT) -> dict[str, torch.Tensor]:
 def save_model(model: GPT, directory: str | Path, extra: dict[str, Any] | None = None,
                files: dict[str, bytes] | None = None) -> None:
     """Write weights and config into `directory` (created if needed), and `files` beside them (e.g. the
-    tokenizer.json that the config's tokenizer description names), fsyncing every file."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    save_file(_weights_to_save(model), str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
-    payload = {"model": model.config.to_dict(), **(extra or {})}
-    (directory / CONFIG_FILE).write_text(json.dumps(payload, indent=2))
-    for name, data in (files or {}).items():
-        (directory / name).write_bytes(data)
-    for name in (WEIGHTS_FILE, CONFIG_FILE, *(files or {})):
-        fsync_file(directory / name)
+    tokenizer.json that the config's tokenizer description names)."""
+    write_model_files(Path(directory), _weights_to_save(model), {"model": model.config.to_dict(), **(extra or {})},
+                      files)
+
+
+def write_model_files(directory: Path, weights: dict[str, torch.Tensor], config: dict[str, Any],
+                      files: dict[str, bytes] | None = None) -> None:
+    """model.safetensors, config.json and `files` in `directory`, each through common/writes.py (whole,
+    fsynced, never through a link)."""
+    with owning(directory, "the model folder"):  # a model folder from its first file on: this process's
+        write_file(directory / WEIGHTS_FILE, lambda f: save_file(weights, f.name, metadata={"format": "pt"}))
+        write_file(directory / CONFIG_FILE, json.dumps(config, indent=2))
+        for name, data in (files or {}).items():
+            write_file(directory / name, data)
 
 
 def find_checkpoint(path: str | Path) -> Path:
@@ -222,26 +226,3 @@ def _read_weights(path: Path, header: dict[str, TensorInfo]) -> dict[str, torch.
     if bad:
         raise CheckpointError(f"weights in '{path}' hold NaN or inf values (e.g. {bad[0]})")
     return state
-
-
-def fsync_file(path: str | Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_dir(path: str | Path) -> None:
-    """Make a rename or a new file in the folder `path` durable, or the file `path` itself (POSIX; a no-op where
-    directories cannot be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

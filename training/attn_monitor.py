@@ -26,8 +26,8 @@ files hold one row per step (and layer and head) across crashes and resumes (`_d
 from __future__ import annotations
 
 import csv
+import io
 import math
-import os
 import time
 from pathlib import Path
 
@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from common.errors import UserError
+from common.writes import append_text, write_file
 from data.prepare import PreparedData
 from insight.ablation import ablation_dloss
 from insight.explorer import ExplorerOptions, HeadScores, write_explorer
@@ -195,23 +196,12 @@ class AttentionMonitor:
             body = [r for r in body if _row_step(r, len(columns)) is not None and _row_step(r, len(columns)) <= step]
             kept = [list(columns)] + body
             if kept != rows:
-                tmp = path.with_name(f".{path.name}.tmp")
-                try:
-                    with open(tmp, "w", newline="") as f:
-                        csv.writer(f).writerows(kept)
-                    os.replace(tmp, path)
-                except OSError:
-                    tmp.unlink(missing_ok=True)  # the file itself is as it was
-                    raise
+                write_file(path, _csv_text(kept))
         return body
 
     def _append(self, path: Path, columns: tuple[str, ...], rows: list[list]) -> None:
-        new_file = not path.is_file()
-        with could_not_write(path, self.out_dir), open(path, "a", newline="") as f:
-            writer = csv.writer(f)
-            if new_file:
-                writer.writerow(columns)
-            writer.writerows(rows)
+        with could_not_write(path, self.out_dir):
+            append_text(path, _csv_text(rows if path.is_file() else [list(columns), *rows]))
 
     # --- snapshots --------------------------------------------------------------------------------------
 
@@ -289,3 +279,8 @@ class AttentionMonitor:
         """The run's induction heads and phase change, in one line (insight.role_plot.induction_summary)."""
         return induction_summary(self.induction_rows, self.icl_rows)
 
+
+def _csv_text(rows: list[list]) -> str:
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows(rows)
+    return out.getvalue()

@@ -36,7 +36,6 @@ import copy
 import dataclasses
 import json
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +45,7 @@ import torch
 import torch.nn as nn
 
 from common.schema import is_number
+from common.writes import write_file
 from training.config import RunConfig, TrainConfig
 from training.optim import Optimizers
 from training.runtime import DTYPES, Runtime, synchronize
@@ -181,10 +181,8 @@ def saved_choice(out_dir: Path) -> Choice | None:
 def save_choice(out_dir: Path, choice: Choice) -> None:
     """Written by the run that owns out_dir (holding its lock), atomically (temp file + rename)."""
     path = Path(out_dir) / CHOICE_FILE
-    tmp = path.with_name(f".{CHOICE_FILE}.tmp")
     with could_not_write(path, out_dir):
-        tmp.write_text(json.dumps(choice.to_json(), indent=2))
-        os.replace(tmp, path)
+        write_file(path, json.dumps(choice.to_json(), indent=2))
 
 
 # --------------------------------------------------------------------------------------------------------------------

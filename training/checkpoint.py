@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 from common.errors import UserError
-from pretrained.checkpoint import BEST, LATEST, CheckpointError, fsync_dir, fsync_file, save_model
+from common.writes import fsync_dir, owning, write_file
+from pretrained.checkpoint import BEST, LATEST, CheckpointError, save_model
 from model.gpt import GPT
 from training.run_dir import RunDirLock
 
@@ -58,10 +59,10 @@ def save_checkpoint(out_dir: str | Path, name: str, model: GPT, extra: dict[str,
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
-        save_model(model, tmp, extra, files)
-        if train_state is not None:
-            torch.save(train_state, tmp / STATE_FILE)
-            fsync_file(tmp / STATE_FILE)
+        with owning(out_dir, "out_dir"):  # this process's run (the trainer owns it already; a direct call too)
+            save_model(model, tmp, extra, files)
+            if train_state is not None:
+                write_file(tmp / STATE_FILE, lambda f: torch.save(train_state, f))
         rename_in(out_dir, name)
     except WRITE_ERRORS as e:
         if not final.exists() and old.is_dir():

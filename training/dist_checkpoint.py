@@ -21,7 +21,6 @@ a filesystem every process sees (one machine, or a shared mount across nodes).
 """
 from __future__ import annotations
 
-import json
 import shutil
 import warnings
 from pathlib import Path
@@ -32,8 +31,9 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from common.errors import UserError
-from pretrained.checkpoint import BEST, CONFIG_FILE, LATEST, WEIGHTS_FILE, CheckpointError, fsync_file
-from training.checkpoint import WRITE_ERRORS, _reason, fsync_dir, rename_in
+from common.writes import fsync_dir, owning, write_file
+from pretrained.checkpoint import BEST, LATEST, CheckpointError, write_model_files
+from training.checkpoint import WRITE_ERRORS, _reason, rename_in
 from training.runtime import Runtime, rng_state, set_rng_state
 from training.state_check import check_counters
 
@@ -53,19 +53,11 @@ def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def _write_consolidated(directory: Path, weights: dict[str, torch.Tensor], model: nn.Module,
                         extra: dict[str, Any], files: dict[str, bytes] | None = None) -> None:
-    from safetensors.torch import save_file
-
     bad = [name for name, t in weights.items() if t.is_floating_point() and not torch.isfinite(t).all()]
     if bad:
         raise UserError(f"the model holds NaN or inf values (e.g. {bad[0]}); not saving it over the last good "
                         f"checkpoint. Lower train.lr or enable train.grad_clip")
-    directory.mkdir(parents=True, exist_ok=True)
-    save_file(weights, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
-    (directory / CONFIG_FILE).write_text(json.dumps({"model": model.config.to_dict(), **extra}, indent=2))
-    for name, data in (files or {}).items():  # e.g. the tokenizer.json the config's tokenizer names
-        (directory / name).write_bytes(data)
-    for name in (WEIGHTS_FILE, CONFIG_FILE, *(files or {})):
-        fsync_file(directory / name)
+    write_model_files(directory, weights, {"model": model.config.to_dict(), **extra}, files)
 
 
 def _swap_in(out_dir: Path, name: str) -> None:
@@ -111,10 +103,11 @@ def save_sharded(out_dir: Path, model: nn.Module, optimizers: Any, extra: dict[s
             error = e
     if rt.is_main and error is None:
         try:
-            _write_consolidated(tmp, weights, model, extra, files)
-            if state is not None:
-                torch.save({**state, "world_size": dist.get_world_size(), "ranks": ranks}, tmp / STATE_FILE)
-                fsync_file(tmp / STATE_FILE)
+            with owning(out_dir, "out_dir"):
+                _write_consolidated(tmp, weights, model, extra, files)
+                if state is not None:
+                    write_file(tmp / STATE_FILE, lambda f: torch.save(
+                        {**state, "world_size": dist.get_world_size(), "ranks": ranks}, f))
                 fsync_dir(tmp / DCP_DIR)
         except (UserError, *WRITE_ERRORS) as e:  # UserError: NaN weights, never saved over a good checkpoint
             error = e

@@ -22,7 +22,8 @@ from typing import Any, Callable
 from tqdm.auto import tqdm
 
 from training.config import RunConfig, config_as_dict
-from training.run_dir import could_not_write, write_error
+from common.writes import append_text, write_file
+from training.run_dir import could_not_write
 
 
 def wandb_credentials_present() -> bool:
@@ -83,9 +84,7 @@ class RunLogger:
         self.bar = None
         if not is_main:
             return
-        self.metrics_path = self.out_dir / "metrics.jsonl"
-        with could_not_write(self.metrics_path, self.out_dir):
-            self.metrics_file = open(self.metrics_path, "a", encoding="utf-8")
+        self.metrics_path = self.out_dir / "metrics.jsonl"  # appended to row by row (common/writes.py: append_text)
         mode = resolve_wandb_mode(cfg.wandb.mode)
         if mode != "disabled":
             self.wandb = self._start_wandb(cfg, mode, resumed)
@@ -103,7 +102,7 @@ class RunLogger:
         if not run_id:
             run_id = secrets.token_hex(4)  # one W&B run per out_dir, resumed with it
             with could_not_write(run_id_file, self.out_dir):
-                run_id_file.write_text(run_id)
+                write_file(run_id_file, run_id)
         timeout = cfg.wandb.init_timeout
         if mode == "online":
             self.write(f"wandb: connecting to {os.environ.get('WANDB_BASE_URL', 'https://api.wandb.ai')} (waiting up "
@@ -137,15 +136,8 @@ class RunLogger:
         if not self.enabled:
             return
         row = {"step": step, "time_s": round(time.perf_counter() - self.t0, 3), **values}
-        try:
-            self.metrics_file.write(json.dumps(row) + "\n")
-            self.metrics_file.flush()
-        except OSError as e:
-            try:  # drop what is buffered: a later flush at exit would fail again, noisily
-                self.metrics_file.close()
-            except OSError:
-                pass
-            raise write_error(self.metrics_path, self.out_dir, e) from None
+        with could_not_write(self.metrics_path, self.out_dir):
+            append_text(self.metrics_path, json.dumps(row))
         if self.wandb is not None:
             self.wandb.log(values, step=step)
 
@@ -163,6 +155,5 @@ class RunLogger:
             return
         if self.bar is not None:
             self.bar.close()
-        self.metrics_file.close()
         if self.wandb is not None:
             self.wandb.finish()

@@ -18,8 +18,10 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from common.errors import UserError
+from common.writes import owning, write_file
 from data.loader import BatchLoader
 from data.prepare import PreparedData
+from data.prepared import reading
 from model.gpt import GPT
 from training.checkpoint import BEST, LATEST, checkpoint_dir, save_checkpoint
 from training.config import RunConfig, config_to_yaml
@@ -57,6 +59,11 @@ def train(cfg: RunConfig, should_stop: Callable[[int], bool] | None = None) -> T
     """Run (or resume) the training described by cfg: resolve, build (with the resume), loop.
     should_stop(steps_done) -> True stops after that step exactly as Ctrl-C does: checkpoint saved,
     result.interrupted set ("requested")."""
+    with owning(cfg.out_dir, "out_dir"):  # refused inside another run's folder, before anything is written
+        return _train(cfg, should_stop)
+
+
+def _train(cfg: RunConfig, should_stop: Callable[[int], bool] | None) -> TrainResult:
     rt = setup_runtime(cfg.device, cfg.dtype)
     run: Run | None = None
     lock: RunDirLock | None = None
@@ -71,8 +78,9 @@ def train(cfg: RunConfig, should_stop: Callable[[int], bool] | None = None) -> T
         if rt.ddp:
             dist.barrier()
         plan = resolve_run(cfg, rt)
-        run = build(plan)
-        result = train_loop(run, should_stop)
+        with reading(plan.prepared.dir):  # no data.prepare remakes the shards the loop reads
+            run = build(plan)
+            result = train_loop(run, should_stop)
         finished = True
         return result
     except BaseException:
@@ -159,8 +167,7 @@ def build(plan: RunPlan) -> Run:
         # the model section as resolved (vocabulary from the tokenizer, a source's shape): `train.py
         # RUN/config.yaml out_dir=RUN` then describes this very model and resumes it
         with could_not_write(plan.out_dir / "config.yaml", plan.out_dir):
-            (plan.out_dir / "config.yaml").write_text(
-                config_to_yaml(dataclasses.replace(cfg, model=plan.model_config)))
+            write_file(plan.out_dir / "config.yaml", config_to_yaml(dataclasses.replace(cfg, model=plan.model_config)))
 
     logger = RunLogger(cfg, rt.is_main, result.step, resumed=plan.latest is not None)
     try:

@@ -36,6 +36,7 @@ from typing import Sequence
 
 import numpy as np
 
+from common.writes import write_file
 from insight.explorer.pack import Blob, choose_detail, detail_order, quantise_rows
 from insight.heatmap import token_label
 from insight.roles import ROLE_LABELS, ROLE_THRESHOLDS, role_label
@@ -196,5 +197,5 @@ def write_explorer(path: str | Path, internals: dict[int, AttentionInternals], t
                    scores: HeadScores | None = None) -> Path:
     """explorer_html(...) written to path (UTF-8); returns the path."""
     path = Path(path)
-    path.write_text(explorer_html(internals, tokens, selected, options=options, scores=scores), encoding="utf-8")
+    write_file(path, explorer_html(internals, tokens, selected, options=options, scores=scores))
     return path

@@ -21,7 +21,7 @@ import torch
 
 from common.errors import UserError
 from common.paths import check_outside_runs, is_own_folder
-from pretrained.checkpoint import fsync_dir
+from common.writes import fsync_dir, owning, write_file
 from model.gpt import GPT
 from pretrained.hf.config_map import hf_architecture, hf_config_from_model
 from pretrained.hf.load import weights_module
@@ -101,14 +101,13 @@ def write_model_folder(out_dir: str | Path, tensors: dict[str, torch.Tensor], js
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        save_file(_unshared(tensors), str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        for name, payload in json_files.items():
-            (tmp / name).write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        for name, data in (raw_files or {}).items():
-            (tmp / name).write_bytes(data)
-        for path in tmp.iterdir():
-            fsync_dir(path)
-        fsync_dir(tmp)
+        with owning(tmp):  # a model folder once its weights are in: written by this process
+            weights = _unshared(tensors)
+            write_file(tmp / "model.safetensors", lambda f: save_file(weights, f.name, metadata={"format": "pt"}))
+            for name, payload in json_files.items():
+                write_file(tmp / name, json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
+            for name, data in (raw_files or {}).items():
+                write_file(tmp / name, data)
         if out_dir.exists():
             os.replace(out_dir, old)
         os.replace(tmp, out_dir)

@@ -79,8 +79,8 @@ def test_stats_rows_stay_one_per_step_layer_and_head_across_a_crash_and_resume(t
 
 
 def test_attn_enabled_false_records_no_attention(tmp_path):
-    result = train(tiny_config(tmp_path, "train.max_iters=2", "eval.interval=1", "attn.enabled=false"))
-    assert result.attn_seconds == 0 and not (tmp_path / "attn").exists()
+    result = train(tiny_config(tmp_path / "off", "train.max_iters=2", "eval.interval=1", "attn.enabled=false"))
+    assert result.attn_seconds == 0 and not (tmp_path / "off" / "attn").exists()
     result = train(tiny_config(tmp_path / "on", "train.max_iters=2", "eval.interval=1"))
     assert result.attn_seconds > 0
     assert sorted(p.name for p in (tmp_path / "on" / "attn").iterdir()) == [
@@ -133,8 +133,9 @@ def test_ablation_off_leaves_the_column_empty_and_logs_no_key(tmp_path, monkeypa
     logged: list[dict] = []
     monkeypatch.setattr(RunLogger, "_start_wandb", lambda self, cfg, mode, resumed: FakeRun(logged))
     monkeypatch.setitem(sys.modules, "wandb", FakeWandb)  # what the monitor imports to wrap its images
-    train(tiny_config(tmp_path, "train.max_iters=2", "eval.interval=2", "attn.ablation=off", "wandb.mode=offline"))
-    rows = stats_at(tmp_path, 2)
+    train(tiny_config(tmp_path / "off", "train.max_iters=2", "eval.interval=2", "attn.ablation=off",
+                      "wandb.mode=offline"))
+    rows = stats_at(tmp_path / "off", 2)
     assert len(rows) == 8 and all(r["ablation_dloss"] == "" for r in rows.values())
     assert all(r["induction"] not in ("", "nan") for r in rows.values())  # the other columns are measured
     keys = set().union(*logged)

@@ -144,7 +144,7 @@ def test_bad_config_values_raise_one_clear_user_error(overrides, fragments):
 
 
 def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
-    cfg = tiny(tmp_path, "train.max_iters=8", "eval.interval=4", "attn.enabled=false")
+    cfg = tiny(tmp_path / "stop", "train.max_iters=8", "eval.interval=4", "attn.enabled=false")
     from model.gpt import GPT
     real_forward = GPT.forward
     calls = {"n": 0}
@@ -161,8 +161,8 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monke
     with pytest.raises(UserError, match="step 5: the loss or gradient norm is not finite"):
         train(cfg)
     monkeypatch.setattr(GPT, "forward", real_forward)
-    model, _ = load_model(tmp_path / "latest")  # still loads: finite weights from step 4
-    assert load_train_state(tmp_path / "latest")["step"] == 4
+    model, _ = load_model(tmp_path / "stop" / "latest")  # still loads: finite weights from step 4
+    assert load_train_state(tmp_path / "stop" / "latest")["step"] == 4
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
     calls["n"] = 0

@@ -1,0 +1,148 @@
+"""Every file the product writes, written one way.
+
+Why one way: a run, a dump, a conversion and a data preparation each write into a folder they own, and each
+of them used to open its targets its own way; one of those ways followed a symbolic link at the target (a
+dump folder holding `a.png -> run/latest/model.safetensors` overwrote the run's weights), another trained
+inside another run's `latest/`, which that run's next save deletes. Here the rules hold for every writer:
+
+`write_file(path, content)`   the whole new file or the old one, never a mix, never through a link:
+    1. the nearest run or model folder holding the target (common/paths.py: enclosing_run, from the target's
+       folder up) must be one this process writes (`owning`) or lie inside one; with none, the target is in
+       no one's run. A writer never writes inside someone else's run or model folder;
+    2. the content goes to a new temporary name beside the target, created exclusively (O_EXCL: never an
+       existing file, never a link), is fsynced, then renamed over the target: a rename replaces a link at
+       the target instead of writing where it points;
+    3. the folder is fsynced, so the rename survives a crash.
+    `content` is bytes, str (written as UTF-8), or a function given the open binary temporary file (a
+    library that writes to a path can use its `.name`).
+`append_text(path, text)`   lines added to a log (metrics.jsonl, stats.csv): rule 1; a link at the target is
+    refused (O_NOFOLLOW); a last line cut short by a crash is ended first, so the new lines start on a line
+    of their own and the torn one is the only one lost.
+`owning(root, what)`   a folder this process writes (a run's out_dir, a model folder being saved, convert.py's
+    output): refused, naming `what`, when it lies inside a run or model folder this process does not write --
+    that folder's owner replaces what it holds (a run's next save swaps its latest/ and best/ whole) -- and
+    taken as this process's until the block ends.
+
+Failures are OSError as raised; each writer turns them into its own one-line message (training/run_dir.py:
+could_not_write).
+"""
+from __future__ import annotations
+
+import errno
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterator, Union
+
+from common.errors import UserError
+from common.paths import enclosing_run
+
+Content = Union[bytes, str, Callable[[BinaryIO], None]]
+
+
+_owned: list[Path] = []  # the folders this process writes, innermost last (`owning`)
+
+
+def _owned_by_us(folder: Path) -> bool:
+    return any(folder == root or root in folder.parents for root in _owned)
+
+
+def _check_folder(folder: Path, refused: Callable[[Path, str], str]) -> None:
+    """Rule 1 (module doc) for something written into `folder`: the nearest run or model folder holding it,
+    if any, is one this process writes. `refused(that folder, why it is one)` says what is refused."""
+    found = enclosing_run(folder)
+    if found is not None and not _owned_by_us(found[0]):
+        raise UserError(refused(*found))
+
+
+def check_writer_root(root: str | Path, what: str = "the folder") -> None:
+    """Refuse (UserError) a folder to write that lies inside a run or model folder this process does not
+    write (module doc: `owning`)."""
+    root = Path(root).expanduser().resolve()
+    _check_folder(root.parent, lambda folder, reason: (
+        f"{what} '{root}' lies inside the run or model folder '{folder}' ({reason}), whose saves replace what "
+        f"it holds: choose a folder outside it"))
+
+
+@contextmanager
+def owning(root: str | Path, what: str = "the folder") -> Iterator[Path]:
+    """The block writes `root` (module doc); yields it resolved."""
+    check_writer_root(root, what)
+    resolved = Path(root).expanduser().resolve()
+    _owned.append(resolved)
+    try:
+        yield resolved
+    finally:
+        _owned.remove(resolved)
+
+
+def _target(path: str | Path) -> Path:
+    """`path` made absolute (its folder resolved; the name itself not: it may be a link, to be replaced), after
+    rule 1 of the module doc."""
+    path = Path(path).expanduser()
+    target = path.parent.resolve() / path.name
+    _check_folder(target.parent, lambda folder, reason: (
+        f"will not write '{target}': it lies inside the run or model folder '{folder}' ({reason}), which "
+        f"another process writes; choose a folder outside it"))
+    return target
+
+
+def fsync_dir(folder: str | Path) -> None:
+    """Make a rename or a new file in `folder` durable (POSIX; a no-op where a folder cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_file(path: str | Path, content: Content) -> Path:
+    """Write `content` to `path` whole, through a temporary file, fsync and rename (module doc); returns the
+    target's absolute path."""
+    target = _target(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        f = open(tmp, "xb")  # O_CREAT | O_EXCL: fails on any existing name, a link included
+    except FileExistsError:  # left by a killed process that had this pid: ours to remove (a link: the link)
+        os.unlink(tmp)
+        f = open(tmp, "xb")
+    try:
+        with f:
+            if callable(content):
+                content(f)
+            else:
+                f.write(content.encode("utf-8") if isinstance(content, str) else content)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(target.parent)
+    return target
+
+
+def append_text(path: str | Path, text: str) -> None:
+    """Append the lines of `text` (a final newline added) to the log at `path`, ending a torn last line first
+    (module doc)."""
+    target = _target(path)
+    try:
+        fd = os.open(target, os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UserError(f"'{target}' is a symbolic link, and a log is never written through one: remove "
+                            f"the link") from None
+        raise
+    try:
+        size = os.fstat(fd).st_size
+        torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+        # not fsynced: a log line lost to a power cut costs nothing a torn line's repair does not already cover
+        os.write(fd, (("\n" if torn else "") + text.rstrip("\n") + "\n").encode("utf-8"))
+    finally:
+        os.close(fd)

@@ -1,0 +1,36 @@
+"""data/prepared.py: a prepared folder as its readers see it; here, a training run reading a folder while
+data.prepare is asked to remake it (its other checks: test_prepared_trust.py)."""
+from __future__ import annotations
+
+import pytest
+def test_prepare_force_refuses_a_folder_a_training_run_is_reading_and_the_run_finishes(tmp_path):
+    from data.prepare import prepare_data
+    from tests.helpers import prepared_shakespeare_dir, run_cli, tiny_config
+    from training.config import load_run_config
+    from training.trainer import train
+
+    data_root = prepared_shakespeare_dir(tmp_path / "data")
+    env = {"ATTNGPT_DATA_DIR": str(data_root)}
+    force = ["-m", "data.prepare", "configs/tiny.yaml", "--force", "--quiet"]
+    seen: list = []
+
+    def prepare_again_midway(steps_done: int) -> bool:
+        if steps_done == 2:
+            seen.append(run_cli(force, env_extra=env))
+        return False
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ATTNGPT_DATA_DIR", str(data_root))
+        mp.setenv("WANDB_MODE", "disabled")
+        folder = prepare_data(load_run_config("configs/tiny.yaml").data, quiet=True).dir
+        shards_before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in folder.iterdir()}
+        result = train(tiny_config(tmp_path / "run", "train.max_iters=4", "attn.enabled=false"),
+                       should_stop=prepare_again_midway)
+    assert result.step == 4  # the run read its shards to the end
+    proc = seen[0]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "is being read by a training run" in proc.stderr and str(folder) in proc.stderr
+    assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in folder.iterdir()} == shards_before  # untouched
+    after = run_cli(force, env_extra=env)  # no reader any more: the folder is remade
+    assert after.returncode == 0, after.stderr[-2000:]
+    assert (folder / "meta.json").stat().st_mtime_ns > shards_before["meta.json"][1]
