@@ -120,7 +120,7 @@ def scan_part(rows: Any, index: int, report: Callable[[int, int], None], source:
     """The distinct characters of a part's documents (for a char vocabulary), as one sorted string."""
     chars = {CHAR_DOC_SEPARATOR}
     rows = _find_part(rows, index, source)
-    with read_errors(source.corpus):
+    with read_errors(source.corpus, source.cache_dir):
         for batch in iter_text_batches(rows, DOC_BATCH):
             for text in batch:
                 chars.update(text)
@@ -138,7 +138,7 @@ def encode_part(rows: Any, index: int, report: Callable[[int, int], None], sourc
     ids_path, lens_path = _part_paths(work, index)
     ids_tmp = ids_path.with_name(f".{ids_path.name}.tmp")
     lens: list[int] = []
-    with read_errors(source.corpus), open(ids_tmp, "wb") as f:
+    with read_errors(source.corpus, ids_tmp), open(ids_tmp, "wb") as f:
         for batch in iter_text_batches(rows, DOC_BATCH):
             encoded = encode_documents(tok, batch)
             lens.extend(len(ids) for ids in encoded)
