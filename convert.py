@@ -14,11 +14,13 @@ from __future__ import annotations
 import shlex
 import sys
 
+from common import console
 from common.errors import ArgumentParser, user_errors_exit
 from common.paths import path_argument
 
 
 def main(argv: list[str] | None = None) -> int:
+    console.install("convert.py")
     parser = ArgumentParser(prog="convert.py", description="Convert models between attngpt and Hugging Face.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="{to-hf,from-hf}")
     to_hf = commands.add_parser("to-hf", help="attngpt checkpoint -> Hugging Face folder")

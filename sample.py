@@ -27,7 +27,8 @@ import sys
 import time
 from pathlib import Path
 
-from common.errors import ArgumentParser, UserError, user_errors_exit
+from common import console
+from common.errors import ArgumentParser, UserError, out_of_memory, user_errors_exit
 from common.paths import path_argument
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "small.yaml"
@@ -108,6 +109,7 @@ def attach_dash_prompt(argv: list[str], parser: argparse.ArgumentParser) -> list
 
 
 def main(argv: list[str] | None = None) -> int:
+    console.install("sample.py")
     args = parse_args(argv)
     with user_errors_exit("sample.py"):
         check_flags(args)  # before torch's seconds of import
@@ -204,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
                        top_p=args.top_p, generator=generator, use_kv_cache=not args.no_kv_cache, compile=args.compile,
                        stop_token=tokenizer.eot, on_token=stream.push if stream else None)
     except RuntimeError as e:  # CPU: "can't allocate memory"; CUDA: torch.cuda.OutOfMemoryError
-        if not (isinstance(e, torch.cuda.OutOfMemoryError) or "allocate" in str(e) or "out of memory" in str(e)):
+        if out_of_memory(e, device, "") is None:
             raise
         raise UserError(f"not enough memory on {device} for {args.num_samples} sample(s) at once: lower "
                         f"--num-samples") from None

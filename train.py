@@ -10,7 +10,8 @@ import shlex
 import signal
 import sys
 
-from common.errors import ArgumentParser, UserError, exit_now, user_errors_exit
+from common import console
+from common.errors import ArgumentParser, exit_now, out_of_memory, user_errors_exit
 
 EXIT_INTERRUPTED = {"SIGINT": 130, "SIGTERM": 143, "requested": 0}
 
@@ -29,6 +30,8 @@ def main(argv: list[str] | None = None, exit_at_once_when_interrupted: bool = Fa
     training loop ends the process at once (os._exit), skipping exit hooks: wandb's would otherwise wait for
     a server that does not answer (wandb.init_timeout, 90 s) before the process could exit. Nothing of ours
     needs them there: no checkpoint is being written outside the loop."""
+    # a closed or full stdout or stderr does not stop a run: out_dir keeps what it prints
+    console.install("train.py", goes_on="the run goes on; its out_dir keeps config.yaml and metrics.jsonl")
     parser = ArgumentParser(
         prog="train.py", description="Train a GPT from a YAML config.",
         epilog="example: python train.py configs/small.yaml train.max_iters=200 wandb.mode=disabled")
@@ -61,12 +64,6 @@ def _interrupted(code: int, at_once: bool) -> int:
     return code
 
 
-def out_of_memory(e: BaseException) -> bool:
-    text = str(e)
-    return (isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or "can't allocate memory" in text
-            or "out of memory" in text.lower())
-
-
 def _main(args) -> int:
     with user_errors_exit("train.py"):  # the config first: a typo is reported before torch's seconds of import
         from training.config import config_to_yaml, load_run_config
@@ -83,11 +80,11 @@ def _main(args) -> int:
         try:
             result = train(cfg)
         except (RuntimeError, MemoryError) as e:  # torch.cuda.OutOfMemoryError is a RuntimeError
-            if not out_of_memory(e):
+            error = out_of_memory(e, cfg.device, "lower train.batch_size (raise train.grad_accum to keep the batch), "
+                                                 "model.block_size or the model's size")
+            if error is None:
                 raise
-            reason = " ".join(str(e).split())
-            raise UserError(f"out of memory on {cfg.device} ({reason[:200]}): lower train.batch_size (raise "
-                            f"train.grad_accum to keep the batch), model.block_size or the model's size") from None
+            raise error from None
         if result.interrupted:
             return EXIT_INTERRUPTED[result.interrupted]
         if is_main:

@@ -33,6 +33,7 @@ from typing import Any, Union
 import yaml
 
 from common.errors import UserError
+from common.path_kind import path_kind
 from common.paths import expand_path
 from common.schema import Float, Int, Invalid, is_int, range_text
 
@@ -97,11 +98,14 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping; a missing, oversized or unreadable file, a syntax error or a duplicate key becomes
     one clear line."""
     p = Path(expand_path(str(path), "the config file's path"))
-    if p.is_dir():
+    found = path_kind(p)  # a regular file, or a stream (<(cat ...), /dev/stdin) read up to the limit below
+    if found.kind == "directory":
         raise UserError(f"config file '{path}' is a directory: pass the path to a YAML file in it, e.g. "
                         f"configs/small.yaml")
-    if not p.is_file():
+    if found.kind == "missing":
         raise UserError(f"config file '{path}' not found: pass the path to a YAML file, e.g. configs/small.yaml")
+    if found.kind not in ("file", "stream"):
+        raise UserError(f"config file '{path}' {found.says}: pass the path to a YAML file, e.g. configs/small.yaml")
     try:
         with open(p, "rb") as f:
             data = f.read(MAX_CONFIG_BYTES + 1)

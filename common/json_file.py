@@ -6,7 +6,9 @@ tokenizer files): its size is checked before a byte is read, and JSON is parsed 
                                       or device is read only up to the limit
     read_json(path, limit, what)      read_bounded, then JSON: NaN, Infinity and numbers too large for a float
                                       (1e400) are refused, so is nesting deeper than the parser's stack
-    parse_json(data, what, path)      the same JSON rules for a file's bytes already read
+    parse_json(data, what, path)      the same JSON rules for a file's bytes already read; a string no UTF-8 can
+                                      hold (a lone surrogate, written as the escape \\ud800) is refused too, so
+                                      text from such a file (a vocabulary) can always be printed and saved
 
 Every failure is a FileContentError (a UserError) naming the file, whose `problem` says what is wrong without
 the name (for callers that word their own message); what the file must hold is checked afterwards, as data
@@ -18,10 +20,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from common.errors import UserError
+
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")  # the only way JSON text can hold a surrogate
 
 
 class FileContentError(UserError):
@@ -90,13 +95,20 @@ def parse_json(data: str | bytes, what: str, path: str | Path) -> Any:
         raise FileContentError(what, path, f"is not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
                                            f"{e.start})") from None
     try:
-        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+        value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except json.JSONDecodeError as e:
         raise FileContentError(what, path, f"is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
     except ValueError as e:  # NaN / Infinity / 1e400, or an integer of more digits than Python converts
         raise FileContentError(what, path, f"is not valid JSON: {' '.join(str(e).split())[:120]}") from None
     except RecursionError:
         raise FileContentError(what, path, "nests lists or objects too deeply to read") from None
+    if SURROGATE_ESCAPE.search(text):  # a pair of escapes is one character: only a lone one cannot be encoded
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise FileContentError(what, path, f"holds a string that is not Unicode text (a lone surrogate, "
+                                               f"U+{ord(e.object[e.start]):04X}): it is damaged") from None
+    return value
 
 
 def read_json(path: str | Path, limit: int, what: str) -> Any:

@@ -229,7 +229,7 @@ def write_text_shards(corpus: Corpus, rows: Any, work_dir: Path, settings: Encod
     else:
         bpe = TiktokenTokenizer(settings.tokenizer_name) if settings.tokenizer_name != "char" else None
     chars = fixed if isinstance(fixed, CharTokenizer) else None
-    with read_errors(corpus):
+    with read_errors(corpus, work_dir):
         return _write_text(corpus, rows, work_dir, settings, bpe, chars)
 
 

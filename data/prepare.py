@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from common import console
 from common.config_io import apply_overrides, coerce, from_dict, load_yaml
 from common.errors import ArgumentParser, UserError, user_errors_exit
 from common.writes import write_file
@@ -304,6 +305,7 @@ def read_data_section(config_path: str, overrides: list[str]) -> tuple[DataConfi
 
 
 def main(argv: list[str] | None = None) -> None:
+    console.install(PROG)
     parser = ArgumentParser(prog=PROG, description="Tokenize the data: section of a run config into "
                                      "token shards (reused while the source and settings are unchanged; an "
                                      "interrupted prepare of documents resumes where it stopped).")

@@ -17,7 +17,6 @@ Layouts read:
 """
 from __future__ import annotations
 
-import json
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from common.errors import UserError
+from common.json_file import FileContentError, parse_json
 from common.schema import is_int
 from data.shards import Shard, SplitFiles, TokenStream, check_ids
 from data.tokenizer import Tokenizer, tokenizer_from_json
@@ -91,10 +91,10 @@ def read_meta(directory: Path) -> dict[str, Any]:
     meta_path = directory / META_FILE
     if not meta_path.is_file():
         raise UserError(f"'{directory}' is not a complete prepared data folder (no {META_FILE}): {REDO}")
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise UserError(f"'{meta_path}' is not valid JSON: {REDO}") from None
+    try:  # the rules of untrusted JSON (common/json_file.py): its vocabulary is printed and saved later
+        meta = parse_json(meta_path.read_bytes(), META_FILE, meta_path)
+    except FileContentError as e:
+        raise UserError(f"'{meta_path}' {e.problem}: {REDO}") from None
     if not isinstance(meta, dict) or meta.get("format_version") not in (1, LAYOUT_VERSION):
         raise UserError(f"'{meta_path}' is from another format version (want {LAYOUT_VERSION}): {REDO}")
     if meta.get("dtype") not in ("uint16", "uint32"):

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from common.errors import UserError
+from common.errors import UserError, out_of_room
 from data.corpus import LOCAL_BUILDERS, Corpus
 
 EXTENSIONS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv", ".txt": "text",
@@ -94,21 +94,23 @@ def _datasets_errors_not_logged() -> Iterator[None]:
 
 
 @contextmanager
-def load_errors(corpus: Corpus) -> Iterator[None]:
-    """Loading a dataset is all user input (names, files, network): every failure becomes one line."""
+def load_errors(corpus: Corpus, writing: Path) -> Iterator[None]:
+    """Loading a dataset is all user input (names, files, network): every failure becomes one line. `writing`:
+    the folder `datasets` writes its cache into, named when a write there finds the disk full."""
     try:
         with _datasets_errors_not_logged():
             yield
     except UserError:
         raise
     except Exception as e:
-        raise _as_user_error(e, corpus) from None
+        raise _as_user_error(e, corpus, writing) from None
 
 
 @contextmanager
-def read_errors(corpus: Corpus) -> Iterator[None]:
+def read_errors(corpus: Corpus, writing: Path) -> Iterator[None]:
     """While reading rows: undecodable bytes, I/O or network failures, and a local file that its format's reader
-    refuses (`unreadable_file`) are the user's to fix; anything else is a bug and keeps its traceback."""
+    refuses (`unreadable_file`) are the user's to fix; anything else is a bug and keeps its traceback. `writing`:
+    the folder the rows are encoded into, named when a write there finds the disk full."""
     try:
         with _datasets_errors_not_logged():
             yield
@@ -117,7 +119,7 @@ def read_errors(corpus: Corpus) -> Iterator[None]:
     except Exception as e:
         chain = _error_chain(e)
         if any(isinstance(x, (UnicodeDecodeError, OSError)) for x in chain):
-            raise _as_user_error(e, corpus) from None
+            raise _as_user_error(e, corpus, writing) from None
         unreadable = _unreadable(corpus)
         if unreadable is not None:
             raise unreadable from None
@@ -137,7 +139,10 @@ def _unreadable(corpus: Corpus) -> UserError | None:
                      f"leave it out of {leave_out}")
 
 
-def _as_user_error(e: BaseException, corpus: Corpus) -> UserError:
+def _as_user_error(e: BaseException, corpus: Corpus, writing: Path) -> UserError:
+    full = out_of_room(e, writing)  # a write that found no room is the disk's fault, not the corpus's
+    if full is not None:
+        return full
     chain = _error_chain(e)
     if any(isinstance(x, UnicodeDecodeError) for x in chain):
         bad = first_invalid_utf8(corpus.local_files) if corpus.kind == "text" else None

@@ -37,6 +37,7 @@ from typing import Any
 from tqdm import tqdm
 
 from common.errors import UserError
+from common.path_kind import path_kind
 from common.writes import write_file
 from data.config import DataConfig
 from data.corpus import LOCAL_BUILDERS, Corpus
@@ -84,16 +85,20 @@ def list_text_files(paths: list[str]) -> list[Path]:
     files: list[Path] = []
     for raw in paths:
         path = Path(raw).expanduser()
-        if path.is_file():
+        kind = path_kind(path)
+        if kind.kind == "file":
             files.append(path.resolve())
-        elif path.is_dir():
+        elif kind.kind == "directory":
             found = sorted(f for f in path.rglob("*")
                            if f.is_file() and not any(part.startswith(".") for part in f.relative_to(path).parts))
             if not found:
                 raise UserError(f"folder '{raw}' holds no files: put text files in it, or point data.path at a file")
             files.extend(f.resolve() for f in found)
+        elif kind.kind == "stream":
+            raise UserError(f"data.path '{raw}' {kind.says}, not a regular file: a corpus is read more than once "
+                            f"(hashed, then encoded), so save the text to a file and point data.path at it")
         else:
-            raise UserError(f"data.path '{raw}' does not exist: point it at a text file, a folder of text files, "
+            raise UserError(f"data.path '{raw}' {kind.says}: point it at a text file, a folder of text files, "
                             f"or a list of files (relative paths start from {Path.cwd()})")
     return files
 
@@ -236,7 +241,7 @@ def load_rows(corpus: Corpus, cache_dir: Path, num_proc: int = 1) -> Any:
         kwargs["num_proc"] = num_proc
     if corpus.kind == "text":
         kwargs["features"] = datasets.Features({"text": datasets.Value("string")})
-    with load_errors(corpus):
+    with load_errors(corpus, cache_dir):
         rows = datasets.load_dataset(**kwargs)
         if isinstance(rows, (datasets.DatasetDict, datasets.IterableDatasetDict)):
             raise UserError(f"{corpus.description} gave several splits ({', '.join(rows)}): set data.split to one")

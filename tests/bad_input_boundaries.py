@@ -154,5 +154,30 @@ RULES_DOC = [
     "bound of what its `--num-samples` need against the device's memory, with the KV cache (the cache, the "
     "prefill) or without it (`--no-kv-cache`: the whole window's activations at every step). Tests: "
     "`pretrained/test_memory.py`.",
+    "- **The one printer** (`common/console.py`: `install`, `GuardedStream`). Every command line routes stdout and "
+    "stderr through it first thing, so print(), tqdm's bars, W&B's lines and the one-line errors all obey it: text "
+    "the stream's encoding cannot hold is written as a backslash escape; a reader that closes the pipe (`| head`) "
+    "ends sample.py, convert.py and `data.prepare` quietly with exit status 141; any other failed write "
+    "(`>/dev/full`) is one line naming the stream, exit status 2. A training run goes on instead (its out_dir keeps "
+    "config.yaml and metrics.jsonl): a closed pipe silently, a full device with one warning, and it exits as it "
+    "would have. A failed stream's descriptor is pointed at /dev/null, so the interpreter's last flush does not "
+    "fail again. Tests: `common/test_console.py`, `cli/test_console_pipes.py`.",
+    "- **What kind of file a path is** (`common/path_kind.py`: `path_kind`). A regular file, a directory, a stream "
+    "(a FIFO such as a shell's `<(...)`, a character or block device, a socket), missing, or not reachable "
+    "(permission denied, a loop of links), each said as it is. A config file may be a stream, read up to its 1 MB "
+    "limit (`common/config_io.py: load_yaml`); a corpus in `data.path` must be a regular file, since it is hashed "
+    "and then encoded (`data/sources.py: list_text_files`). Tests: `common/test_path_kind.py`.",
+    "- **A write that finds no room** (`common/errors.py`: `out_of_room`). ENOSPC, EDQUOT or EFBIG anywhere in an "
+    "error's chain is the disk's fault (full, over its quota, at the file-size limit), named with the file the "
+    "error names or the folder being written: `user_errors_exit` applies it to any OSError a command line meets, "
+    "and the corpus errors (`data/source_errors.py`) before they would call the failure a load error. Tests: "
+    "`common/test_errors.py`.",
+    "- **Running out of memory** (`common/errors.py`: `out_of_memory`). Python's, numpy's and torch's out-of-memory "
+    "errors name the setting that sized what ran out: `train.batch_size` in train.py, `eval.batch_size` around the "
+    "eval (`training/trainer.py: evaluate_and_save`), `--num-samples` in sample.py. Tests: `common/test_errors.py`.",
+    "- **Text from a run's files** (`common/json_file.py: parse_json`, `training/logger.py: read_run_id`). Untrusted "
+    "JSON (a checkpoint's config.json and its vocabulary, a prepared folder's meta.json, tokenizer files) is "
+    "refused when a string holds a lone surrogate, which no stream or file can encode; wandb_run_id.txt must hold "
+    "a run id (letters, digits, `-`, `_`). Tests: `common/test_schema_untrusted_json.py`.",
     "",
 ]

@@ -267,6 +267,43 @@ DAMAGE.update(BOUNDARY_DAMAGE)
 CASES += boundary_cases(Case, TRAIN, RESUME)
 
 
+def _surrogate_vocabulary(latest: Path, marker: Path) -> None:
+    payload = json.loads((latest / "config.json").read_text())
+    payload["tokenizer"]["chars"] = payload["tokenizer"]["chars"][:-1] + "\ud800"
+    (latest / "config.json").write_text(json.dumps(payload))  # ensure_ascii: written as the escape \ud800
+
+
+# messages that name the real cause: what kind of file a path is, a full disk, the setting that ran out of
+# memory, text from a run's files that no stream could print
+DAMAGE["surrogate_vocabulary"] = ("config.json's char vocabulary holds a lone surrogate (the JSON escape \\ud800)",
+                                  _surrogate_vocabulary)
+CASES += [
+    Case("train-config-device", "train.py", "config", "the config file is an endless character device (/dev/zero)",
+         ("/dev/zero",), ("config file '/dev/zero' is larger than 1 MB",)),
+    Case("prepare-corpus-device", "data.prepare", "data", "data.path is a character device (/dev/zero)",
+         ("configs/tiny.yaml", "data.source=text", "data.path=/dev/zero"),
+         ("data.path '/dev/zero' is a character device, not a regular file", "save the text to a file")),
+    Case("prepare-no-room", "data.prepare", "environment", "the disk fills up while the corpus is prepared "
+         "(simulated: a 100 kB file-size limit, writes fail with EFBIG)",
+         ("configs/tiny.yaml", "data.source=text", "data.path={tmp}/corpus.txt", "--quiet"),
+         ("cannot write '", "/.work/", "(the file reached the file-size limit: File too large)", "ulimit -f"),
+         env={"ATTNGPT_DATA_DIR": "{tmp}/data"}, files={"corpus.txt": "To be, or not to be.\n" * 20_000},
+         file_size_limit=100_000),
+    Case("train-eval-batch-oom", "train.py", "environment", "an eval.batch_size far larger than memory (10**12)",
+         (*TRAIN, "eval.batch_size=1000000000000", "train.max_iters=1", "eval.interval=1", "attn.enabled=false",
+          "train.peak_flops=1e12"),
+         ("out of memory on cpu", "lower eval.batch_size (now 1000000000000)")),
+    Case("train-wandb-run-id-binary", "train.py", "environment", "out_dir/wandb_run_id.txt holds binary bytes",
+         (*TRAIN, "wandb.mode=offline", "train.max_iters=1", "attn.enabled=false", "train.peak_flops=1e12"),
+         ("wandb_run_id.txt' holds", "not a W&B run id", "delete it to log to a new W&B run"),
+         env={"WANDB_MODE": "offline"}, files={"out/wandb_run_id.txt": b"\xff\xfe\x00\x01\n"}),
+    Case("sample-surrogate-vocabulary", "sample.py", "checkpoint", DAMAGE["surrogate_vocabulary"][0],
+         ("--ckpt", "{run}/latest", "--max-new-tokens", "5"),
+         ("config.json' is corrupted or not an attngpt config", "a lone surrogate, U+D800", "pass --ckpt an intact"),
+         damage="surrogate_vocabulary"),
+]
+
+
 # --- the doc -------------------------------------------------------------------------------------------
 
 COMMANDS = {"train.py": "python train.py", "data.prepare": "python -m data.prepare", "sample.py": "python sample.py",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import netrc
 import os
+import re
 import secrets
 import sys
 import threading
@@ -21,9 +22,14 @@ from typing import Any, Callable
 
 from tqdm.auto import tqdm
 
+from common.errors import UserError
+from common.json_file import read_bounded
 from training.config import RunConfig, config_as_dict
 from common.writes import append_text, write_file
 from training.run_dir import could_not_write
+
+RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")  # what wandb makes (8 lowercase letters and digits), and ours
+RUN_ID_LIMIT = 4096  # bytes: an id is a few dozen
 
 
 def wandb_credentials_present() -> bool:
@@ -73,6 +79,18 @@ def call_interruptibly(fn: Callable[[], Any], poll_s: float = 0.1) -> Any:
     return outcome["value"]
 
 
+def read_run_id(path: Path) -> str | None:
+    """The W&B run id an out_dir logs to (its wandb_run_id.txt), or None before its first W&B run. The id goes
+    to wandb and into printed lines, so a damaged file (binary, or text that is not an id) is refused here."""
+    if not path.exists():
+        return None
+    text = read_bounded(path, RUN_ID_LIMIT, path.name).decode("utf-8", "replace").strip()
+    if text and not RUN_ID.fullmatch(text):
+        raise UserError(f"'{path}' holds {ascii(text[:40])}, not a W&B run id (letters, digits, - and _): delete "
+                        f"it to log to a new W&B run, or write into it the id of the run to go on with")
+    return text or None
+
+
 class RunLogger:
     """Only the main process logs; the others get a logger that does nothing."""
 
@@ -98,7 +116,7 @@ class RunLogger:
             self.write("warning: wandb is not installed; logging to metrics.jsonl only (pip install wandb)")
             return None
         run_id_file = self.out_dir / "wandb_run_id.txt"
-        run_id = run_id_file.read_text().strip() if run_id_file.is_file() else None
+        run_id = read_run_id(run_id_file)
         if not run_id:
             run_id = secrets.token_hex(4)  # one W&B run per out_dir, resumed with it
             with could_not_write(run_id_file, self.out_dir):

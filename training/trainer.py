@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from common.errors import UserError
+from common.errors import UserError, out_of_memory
 from common.writes import owning, write_file
 from data.loader import BatchLoader
 from data.prepare import PreparedData
@@ -291,7 +291,14 @@ def log_progress(run: Run, step: int, loss_value: float, norm_value: float, elap
 def evaluate_and_save(run: Run, step: int) -> None:
     """After `step` steps: eval losses, an attention snapshot, best/ if val improved, then latest/."""
     result = run.result
-    losses = evaluate(run.raw_model, run.cfg, run.prepared, run.rt, run.raw_model.config.block_size)
+    try:
+        losses = evaluate(run.raw_model, run.cfg, run.prepared, run.rt, run.raw_model.config.block_size)
+    except (RuntimeError, MemoryError) as e:  # the eval's batches are eval.batch_size's, not train.batch_size's
+        batch = run.cfg.eval.batch_size or f"unset, so train.batch_size's {run.cfg.train.batch_size}"
+        error = out_of_memory(e, run.rt.device, f"lower eval.batch_size (now {batch})")
+        if error is None:
+            raise
+        raise error from None
     improved = losses["val"] < result.best_val
     result.best_val = min(result.best_val, losses["val"])
     result.evals.append({"step": step, **losses})
