@@ -24,6 +24,7 @@ import os
 import pickle
 import shutil
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -70,10 +71,9 @@ def _other_shape_weights(latest: Path, marker: Path) -> None:
     from model import GPT, ModelConfig
     from pretrained.checkpoint import WEIGHTS_FILE, read_config, save_model
     config = ModelConfig.from_dict({**read_config(latest)["model"], "d_model": 64})
-    scratch = latest.parent / "other_shape"
-    save_model(GPT(config), scratch)
-    shutil.move(scratch / WEIGHTS_FILE, latest / WEIGHTS_FILE)
-    shutil.rmtree(scratch)
+    with tempfile.TemporaryDirectory() as scratch:  # outside the run: only the run's trainer writes inside it
+        save_model(GPT(config), Path(scratch) / "other_shape")
+        shutil.move(Path(scratch) / "other_shape" / WEIGHTS_FILE, latest / WEIGHTS_FILE)
 
 
 def _bad_tokenizer(latest: Path, marker: Path) -> None:
