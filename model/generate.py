@@ -127,7 +127,10 @@ def compiled_decode_step(model: GPT) -> Callable[[torch.Tensor, torch.Tensor], t
     slots, because the step is captured as a CUDA graph (mode "reduce-overhead"), which needs static shapes: a
     decode step of a small model is a few hundred tiny kernels, and launching them costs more than running them.
     Built once per model and kept on it (`GPT.setup_kv_cache` reuses the same cache buffers for the same batch
-    size and cache length, so later generate() calls reuse the compiled graph too)."""
+    size and cache length, so later generate() calls reuse the compiled graph too).
+    On a CPU the step's logits get the check every eager pass ends with (GPT._check_finite: one reduction, and
+    a CPU has no device to wait for); a CUDA graph's are not checked, which would wait for the device at every
+    token."""
     step = model.__dict__.get("_compiled_decode")
     if step is None:
         on_cpu = model.tok_emb.weight.device.type == "cpu"
@@ -151,7 +154,9 @@ def compiled_decode_step(model: GPT) -> Callable[[torch.Tensor, torch.Tensor], t
                     return model(token, input_pos=input_pos)[0]
                 seen = positions[:n + 1]
                 torch._dynamo.mark_dynamic(seen, 0)  # one graph for every prefix length
-                return compiled(token, seen, model.head_columns())
+                logits = compiled(token, seen, model.head_columns())
+                model._check_finite(logits, token, input_pos, None)  # the eager pass's check, outside the graph
+                return logits
         else:
             def step(token: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
                 return compiled(token, input_pos, None)

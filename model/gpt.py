@@ -32,6 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from common.device import torch_version
+from common.errors import UserError
 from model.config import ModelConfig
 
 
@@ -461,14 +462,35 @@ class GPT(nn.Module):
 
     # ----------------------------------------------------------------------------------------------
     def _hidden(self, idx: torch.Tensor, input_pos: torch.Tensor | None = None,
-                record: set[int] | frozenset[int] = frozenset(),
-                kv_len: int | None = None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+                record: set[int] | frozenset[int] = frozenset(), kv_len: int | None = None,
+                head: slice | None = None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """idx (B, T) -> final hidden states (B, T, d_model) and the attention weights of the layers in
         `record`, each (B, n_head, T, T_k). Weights are only computed for those layers.
         kv_len: with a KV cache, how many of its slots the queries attend over. By default eager code takes
         the written prefix, max(input_pos) + 1, and compiled code the whole buffer; a compiled CPU decode
-        step passes it as a dynamic size (model/generate.py)."""
-        B, T = idx.shape
+        step passes it as a dynamic size (model/generate.py).
+        head: the positions whose logits (B, T', vocab_size) to return instead of the hidden states (forward).
+
+        Every pass outside training ends with one check that what it returns is finite (`_check_finite`):
+        sampling, evaluation and the attention dumps all run through here."""
+        x, rope, mask = self._inputs(idx, input_pos, kv_len)
+        maps: dict[int, torch.Tensor] = {}
+        for layer, block in enumerate(self.blocks):
+            x, weights = block(x, rope, mask, input_pos, need_weights=layer in record)
+            if weights is not None:
+                maps[layer] = weights
+        out = self.final_norm(x)
+        if head is not None:
+            out = self.logits(out[:, head])
+        if not self.training and not torch.compiler.is_compiling():
+            self._check_finite(out, idx, input_pos, kv_len)
+        return out, maps
+
+    def _inputs(self, idx: torch.Tensor, input_pos: torch.Tensor | None, kv_len: int | None
+                ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """What block 0 receives for idx (B, T) at input_pos (see _hidden): the embedded tokens (B, T, d_model),
+        the RoPE rotations (T, head_dim/2, 2) or None, and the attention mask (T, T_k) or None (plain causal)."""
+        T = idx.shape[1]
         caching = self.blocks[0].attn.kv_cache is not None
         if input_pos is None:
             if caching:
@@ -486,16 +508,37 @@ class GPT(nn.Module):
                 kv_len = int(input_pos.max()) + 1  # eager: the written prefix
             if caching and kv_len is not None:
                 mask = mask[:, :kv_len]
+        return self._embed(idx, positions), self._rope(T, input_pos), mask
 
-        x = self._embed(idx, positions)  # (B, T, d_model)
-        rope = self._rope(T, input_pos)
+    def _check_finite(self, out: torch.Tensor, idx: torch.Tensor, input_pos: torch.Tensor | None,
+                      kv_len: int | None) -> None:
+        """Raise a UserError naming where the pass first went non-finite, if `out` holds an inf or a NaN.
 
-        maps: dict[int, torch.Tensor] = {}
-        for layer, block in enumerate(self.blocks):
-            x, weights = block(x, rope, mask, input_pos, need_weights=layer in record)
-            if weights is not None:
-                maps[layer] = weights
-        return self.final_norm(x), maps
+        Finite weights (every checkpoint reader checks them) can still overflow: a product or a sum past the
+        largest number of the dtype computed in (65504 in float16). Downstream of it the softmax gives NaN
+        weights, sampling draws from NaN probabilities and argmax picks token 0. One reduction per pass; only
+        when it fails is the pass replayed, layer by layer with its attention weights, to find the first
+        layer whose weights or output are not finite (a KV cache is rewritten with the same keys and values)."""
+        if bool(torch.isfinite(out).all()):
+            return
+        x, rope, mask = self._inputs(idx, input_pos, kv_len)
+        where, params = "the token embedding", [self.tok_emb.weight]
+        if bool(torch.isfinite(x).all()):
+            where, params = "the final norm and LM head", [self.final_norm.weight, self.lm_head.weight]
+            for layer, block in enumerate(self.blocks):
+                x, weights = block(x, rope, mask, input_pos, need_weights=True)
+                if not (bool(torch.isfinite(weights).all()) and bool(torch.isfinite(x).all())):
+                    part = "attention weights" if not bool(torch.isfinite(weights).all()) else "output"
+                    where, params = f"layer {layer}'s {part}", list(block.parameters())
+                    break
+        device = idx.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else self.tok_emb.weight.dtype
+        largest = max(float(p.detach().abs().max()) for p in params)
+        fix = ("the weights are too large even for float32: use an earlier checkpoint, or retrain with a lower "
+               "train.lr" if dtype == torch.float32 else
+               "compute in float32 (sample.py --dtype float32; dtype: float32 in a run's config)")
+        raise UserError(f"the model's numbers overflow: non-finite values (inf or NaN) first appear in {where}, "
+                        f"computing in {str(dtype).removeprefix('torch.')} (its largest weight {largest:.3g}): {fix}")
 
     def _embed(self, idx: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Token ids (B, T) at absolute positions (T,) -> the residual stream entering block 0, (B, T, d_model)."""
@@ -517,12 +560,10 @@ class GPT(nn.Module):
         Targets equal to -1 are ignored. With a KV cache, input_pos (T,) gives idx's positions.
         last_only: logits of the last position only, (B, 1, vocab_size): all that sampling needs, and
         the vocab-wide lm_head is the largest matmul of a prefill (the hidden states are the same)."""
-        x, _ = self._hidden(idx, input_pos)
-        if last_only:
-            if targets is not None:
-                raise ValueError("last_only gives one position's logits: it cannot compute a loss over targets")
-            x = x[:, -1:]  # (B, 1, d_model)
-        logits = self.logits(x)  # (B, T, vocab_size), or (B, 1, vocab_size) with last_only
+        if last_only and targets is not None:
+            raise ValueError("last_only gives one position's logits: it cannot compute a loss over targets")
+        # (B, T, vocab_size), or (B, 1, vocab_size) with last_only
+        logits, _ = self._hidden(idx, input_pos, head=slice(-1, None) if last_only else slice(None))
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)

@@ -179,5 +179,28 @@ RULES_DOC = [
     "JSON (a checkpoint's config.json and its vocabulary, a prepared folder's meta.json, tokenizer files) is "
     "refused when a string holds a lone surrogate, which no stream or file can encode; wandb_run_id.txt must hold "
     "a run id (letters, digits, `-`, `_`). Tests: `common/test_schema_untrusted_json.py`.",
+    "- **What the model computes is finite** (`model/gpt.py: GPT._check_finite`, at the end of `GPT._hidden`, the "
+    "pass that generation, evaluation and the attention dumps all run). Weights are checked finite when read, but "
+    "finite weights can overflow the dtype computed in. Every pass outside training ends with one "
+    "`isfinite().all()` of what it returns (logits, or hidden states for the maps); when it fails the pass is "
+    "replayed layer by layer and the one line names the first layer whose attention weights or output are not "
+    "finite, the dtype and the largest weight there, and the fix (float32, or an earlier checkpoint). The compiled "
+    "CPU decode step gets the same check outside its graph; a CUDA graph's steps are not checked (it would wait "
+    "for the device at every token). The fused attention kernel returns zeros, not NaN, for a row of NaN scores: "
+    "such an overflow reaches no caller as a non-finite number, and the from-scratch path that the maps use names "
+    "it. Tests: `model/test_gpt_finite.py`.",
+    "- **`train.nonfinite=skip` saves what it claims** (`training/trainer.py: train_loop`). A skipped step still "
+    "reaches its eval, checkpoint and stop: when the last steps are skipped the weights of the last applied step "
+    "are saved at `train.max_iters`, or the eval that overflows stops the run in one line, the last checkpoint "
+    "intact. Tests: `training/test_trainer_nonfinite.py`.",
+    "- **An MFU is at most 100%** (`training/runtime.py: PeakFlops.mfu`). A run faster than its peak proves the "
+    "peak wrong (measured while other processes held the cores, or `train.peak_flops` given too low): a measured "
+    "peak is measured again, once, and while the run is still faster its own fastest rate stands in for the peak; "
+    "from then on the progress bar shows the MFU as an upper bound (`mfu=<=97.0%`), said once in the log. Tests: "
+    "`training/test_runtime_peak.py`.",
+    "- **`auto` decides only on rounds that agree** (`training/autotune.py: compare`). Each candidate's fastest "
+    "round must be confirmed by another of its rounds within `ROUND_NOISE` (1.25x); otherwise the load changed "
+    "while they were timed, and the comparison keeps its baseline (float32 eager, or eager for compile), the safe "
+    "default, and its summary says so with the rounds' spread. Tests: `training/test_autotune_rounds.py`.",
     "",
 ]

@@ -82,6 +82,22 @@ def _bad_tokenizer(latest: Path, marker: Path) -> None:
     (latest / "config.json").write_text(json.dumps(payload))
 
 
+def _times(factor: float, *names: str) -> Callable[[Path, Path], None]:
+    """Multiply the named weights of latest/model.safetensors by factor: still finite, but past float32's range
+    once they are multiplied together."""
+    def damage(latest: Path, marker: Path) -> None:
+        from safetensors import safe_open
+        from safetensors.torch import load_file, save_file
+        path = latest / "model.safetensors"
+        with safe_open(str(path), "pt") as f:
+            metadata = f.metadata()
+        state = load_file(str(path))
+        for name in names:
+            state[name] *= factor
+        save_file(state, str(path), metadata=metadata)
+    return damage
+
+
 def _truncate(name: str) -> Callable[[Path, Path], None]:
     def damage(latest: Path, marker: Path) -> None:
         data = (latest / name).read_bytes()
@@ -103,6 +119,10 @@ DAMAGE: dict[str, tuple[str, Callable[[Path, Path], None]]] = {
     "other_shape_weights": ("model.safetensors of another shape (d_model 64) than its config.json (32)",
                             _other_shape_weights),
     "bad_tokenizer": ("config.json names an unknown tokenizer kind", _bad_tokenizer),
+    "overflowing_scores": ("finite weights whose attention scores overflow float32 in layer 1 (its q/k/v "
+                           "projection times 1e30)", _times(1e30, "blocks.1.attn.qkv_proj.weight")),
+    "overflowing_mlp": ("finite weights whose MLP overflows float32 in layer 1 (both its matrices times 1e22)",
+                        _times(1e22, "blocks.1.mlp.fc_in.weight", "blocks.1.mlp.fc_out.weight")),
 }
 
 FAKE_WANDB = 'raise ImportError("No module named \'wandb\' (simulated by tests/bad_input_cases.py)")\n'
@@ -265,6 +285,25 @@ DAMAGE.update(MORE_DAMAGE)
 CASES += more_cases(Case, TRAIN, RESUME)
 DAMAGE.update(BOUNDARY_DAMAGE)
 CASES += boundary_cases(Case, TRAIN, RESUME)
+
+# what the model computes: finite weights that overflow stop every pass in one line naming the layer (GPT._check_finite)
+OVERFLOWS = ("non-finite values (inf or NaN) first appear in layer 1's output", "computing in float32",
+             "use an earlier checkpoint")
+CASES += [
+    Case("sample-overflow", "sample.py", "checkpoint", DAMAGE["overflowing_mlp"][0],
+         ("--ckpt", "{run}/latest", "--temperature", "0", "--max-new-tokens", "4"), OVERFLOWS,
+         damage="overflowing_mlp"),
+    Case("sample-overflow-bfloat16", "sample.py", "checkpoint", f"{DAMAGE['overflowing_mlp'][0]}, in bfloat16",
+         ("--ckpt", "{run}/latest", "--dtype", "bfloat16", "--max-new-tokens", "4"),
+         ("first appear in layer 1's output", "computing in bfloat16", "--dtype float32"), damage="overflowing_mlp"),
+    Case("sample-overflow-dump", "sample.py", "checkpoint", f"{DAMAGE['overflowing_scores'][0]}, dumping layer 0",
+         ("--ckpt", "{run}/latest", "--prompt", "ROMEO:", "--dump-attn", "0", "--dump-dir", "{tmp}/dump"),
+         ("first appear in layer 1's attention weights", "computing in float32", "use an earlier checkpoint"),
+         damage="overflowing_scores"),
+    Case("train-overflow-eval", "train.py", "checkpoint",
+         f"resuming {DAMAGE['overflowing_mlp'][0]} with train.nonfinite=skip: every step skipped, the eval overflows",
+         (*RESUME, "train.nonfinite=skip"), OVERFLOWS, damage="overflowing_mlp", intact=True),
+]
 
 
 def _surrogate_vocabulary(latest: Path, marker: Path) -> None:

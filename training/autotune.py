@@ -18,7 +18,9 @@ candidates compared timed in turn, ROUNDS rounds, each keeping its fastest round
      at least COMPILE_MIN_RUN_S (compiling costs tens of seconds on a CPU: a shorter run cannot repay it).
 
 A candidate other than float32 eager is kept only when it is at least MIN_GAIN faster, so `auto` is never
-slower than plain float32 eager beyond noise. The steps are timed while the run is resolved (training/plan.py),
+slower than plain float32 eager beyond noise; and only when every candidate's fastest round is confirmed by
+another of its rounds within ROUND_NOISE: rounds further apart say the machine's load changed while they were
+timed, and the comparison then keeps its baseline, the safe default, saying so (`compare`). The steps are timed while the run is resolved (training/plan.py),
 on a model of the run's shape built for the timing, before the run's own model exists: a run with `auto` trains
 exactly as the same run with the chosen settings written out (`choose` also puts back the weights, optimizer
 state and RNG streams of what it timed). What it decided is a value, `Precision`, that the run is built with;
@@ -71,6 +73,9 @@ FIRST_COMPILE = "~20-60 s"
 
 CHOICE_FILE = "autotune.json"
 MIN_GAIN = 1.05  # a candidate must beat float32 eager by 5% (timing noise on a shared machine is a few %)
+# a candidate's fastest round counts when another of its rounds is within this factor of it: on a busy machine one
+# float32 step was timed at 191 ms and, moments later, 2,863 ms, and no ratio drawn from such rounds means anything
+ROUND_NOISE = 1.25
 UNITS = ("ms/step", "ms/call")
 FLOAT32_ATTENTION = "float32 attention"  # the fused kernel on float32 copies of q, k, v (model/gpt.py)
 
@@ -85,6 +90,9 @@ class Comparison:
     baseline: str | None = None
     kept: str | None = None
     unit: str = "ms/step"  # or "ms/call": one forward and backward of the fused attention kernel
+    # the candidates whose rounds disagreed beyond ROUND_NOISE, each with its second-fastest round over its fastest:
+    # then the baseline is kept, whatever the fastest rounds say
+    unsettled: dict[str, float] = field(default_factory=dict)
 
     def describe(self) -> str:
         """'bfloat16 602.3 vs float32 854.7 ms/step: 1.42x, kept' for each candidate against the baseline."""
@@ -95,6 +103,9 @@ class Comparison:
         for name, ms in self.ms_per_step.items():
             if name != self.baseline:
                 verdict = "kept" if name == self.kept else f"not kept (under {MIN_GAIN:.2f}x)"
+                if self.unsettled:
+                    spread = ", ".join(f"{n}'s rounds {r:.2f}x apart" for n, r in self.unsettled.items())
+                    verdict = f"not kept ({spread}, beyond the {ROUND_NOISE}x of noise: kept the safe default)"
                 parts.append(f"{name} {ms:.1f} vs {self.baseline} {base:.1f} {self.unit}: {base / ms:.2f}x, {verdict}")
         return "; ".join(parts)
 
@@ -109,7 +120,11 @@ class Comparison:
             raise ValueError(f"baseline {str(baseline)[:40]!r} / kept {str(kept)[:40]!r} are not among the timings")
         if unit not in UNITS:
             raise ValueError(f"unit {str(unit)[:40]!r} is not one of {', '.join(UNITS)}")
-        return cls(ms_per_step={k: float(v) for k, v in ms.items()}, baseline=baseline, kept=kept, unit=unit)
+        unsettled = d.get("unsettled", {})
+        if not (isinstance(unsettled, dict) and all(k in ms and is_number(v) and v >= 1 for k, v in unsettled.items())):
+            raise ValueError(f"unsettled is not a table of the timings' spreads: {str(unsettled)[:120]}")
+        return cls(ms_per_step={k: float(v) for k, v in ms.items()}, baseline=baseline, kept=kept, unit=unit,
+                   unsettled={k: float(v) for k, v in unsettled.items()})
 
 
 @dataclass
@@ -274,16 +289,24 @@ class _Snapshot:
             torch.cuda.set_rng_state(self.cuda_rng, self.device)
 
 
-def _time_rounds(steps: dict[str, Callable[[], None]], device: torch.device) -> dict[str, float]:
+class Timings(dict):
+    """ms per step of each candidate, its fastest round (what is compared), and `rounds`: every round's ms per
+    step, which say whether the machine's load held still while they were timed (`compare`)."""
+
+    def __init__(self, rounds: dict[str, list[float]]):
+        super().__init__({name: min(ms) for name, ms in rounds.items()})
+        self.rounds = rounds
+
+
+def _time_rounds(steps: dict[str, Callable[[], None]], device: torch.device) -> Timings:
     """ms per step of each candidate: ROUNDS rounds, the candidates in turn within each, of about
     MEASURE_S / ROUNDS seconds (MIN_STEPS steps at least); each candidate's fastest round. A lone candidate
     (compared with nothing) gets one round."""
-    fastest: dict[str, float] = {}
+    rounds: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(ROUNDS if len(steps) > 1 else 1):
         for name, step in steps.items():
-            ms = _time_steps(step, device, MEASURE_S / ROUNDS)
-            fastest[name] = min(fastest.get(name, ms), ms)
-    return fastest
+            rounds[name].append(_time_steps(step, device, MEASURE_S / ROUNDS))
+    return Timings(rounds)
 
 
 def _time_steps(step: Callable[[], None], device: torch.device, seconds: float) -> float:
@@ -352,12 +375,12 @@ def choose(timed: tuple[nn.Module, Optimizers, tuple[torch.Tensor, torch.Tensor]
             # with the slower one, a CPU's bfloat16 steps once read 1.03x float32 and the run trained in float32
             timed = fused_attention_timings(model.config, x.size(0), x.size(1), lower[0], device)
             name = f"{lower[0]} attention"
-            attention = Comparison(_rounded(timed), name, _fastest(timed, name), unit="ms/call")
+            attention = compare(timed, name, unit="ms/call")
             model.set_fused_attention_float32(attention.kept == FLOAT32_ATTENTION)  # before any compile
         ms = _time_rounds(eager, device)
         baseline = "float32" if dtype_setting == "auto" else dtypes[0]
-        best = _fastest(ms, baseline)
-        comparisons.append(Comparison(_rounded(ms), baseline, best))
+        comparisons.append(compare(ms, baseline))
+        best = comparisons[-1].kept
         if best == "float32" and attention is not None:  # no autocast: the kernel's precision does not arise
             attention = None
             model.set_fused_attention_float32(False)
@@ -382,9 +405,8 @@ def choose(timed: tuple[nn.Module, Optimizers, tuple[torch.Tensor, torch.Tensor]
                     compile_seconds = time.perf_counter() - t0
                     # eager again, in turn with the compiled step: the two numbers compared share the minutes
                     pair = _time_rounds({best: eager[best], f"{best} compiled": step}, device)
-                    kept = _fastest(pair, best)
-                    comparisons.append(Comparison(_rounded(pair), best, kept))
-                    use_compile = kept != best
+                    comparisons.append(compare(pair, best))
+                    use_compile = comparisons[-1].kept != best
                 except Exception as e:  # no C++ compiler, an unsupported op, ...: stay eager
                     notes.append(f"compile failed ({type(e).__name__}: {' '.join(str(e).split())[:100]})")
                     compiled = None
@@ -423,6 +445,21 @@ def announcement(dtypes: list[str], dtype_setting: str, compile_setting: bool | 
 def _rounded(ms: dict[str, float]) -> dict[str, float]:
     """ms per step to 6 significant digits for the saved choice (never 0, unlike a fixed number of decimals)."""
     return {name: float(f"{value:.6g}") for name, value in ms.items()}
+
+
+def compare(timings: dict[str, float], baseline: str, unit: str = "ms/step") -> Comparison:
+    """The comparison of candidates timed in turn (their fastest rounds; a `Timings` also holds every round):
+    the fastest kept when it beats the baseline by MIN_GAIN (`_fastest`), unless a candidate's fastest round
+    is not confirmed by another of its rounds within ROUND_NOISE; then the baseline, the safe default. A lone
+    round confirms nothing and contradicts nothing."""
+    rounds = getattr(timings, "rounds", {name: [ms] for name, ms in timings.items()})
+    unsettled = {}
+    for name, ms in rounds.items():
+        fastest, *others = sorted(ms)
+        if others and others[0] > fastest * ROUND_NOISE:
+            unsettled[name] = round(others[0] / fastest, 2)
+    kept = baseline if unsettled else _fastest(timings, baseline)
+    return Comparison(_rounded(dict(timings)), baseline, kept, unit=unit, unsettled=unsettled)
 
 
 def _fastest(ms: dict[str, float], baseline: str) -> str:

@@ -7,7 +7,7 @@ import os
 import random
 import time
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 import torch
@@ -195,3 +195,36 @@ def measure_peak_flops(device: torch.device, dtype: torch.dtype | None, size: in
         synchronize(device)
         fastest = min(fastest, time.perf_counter() - t0)
     return 2 * size**3 * reps / fastest
+
+
+class PeakFlops:
+    """One device's peak FLOP/s, what MFU divides by, and the rule that keeps every MFU shown a fraction.
+
+    A run that computes faster than its peak proves the peak wrong: measured while other processes held the
+    cores (a start-up on a busy machine once gave mfu=146%), or given too low as train.peak_flops. A measured
+    peak is then measured again, once, and the larger kept; while the run is still faster, its own fastest
+    rate stands in for the peak. From then on the MFU is an upper bound (the true peak is at least that rate),
+    marked `bounded`, and `say` is told once why."""
+
+    def __init__(self, given: float | None, measure: Callable[[], float], say: Callable[[str], None]):
+        self.given = given
+        self.measure = measure  # the device's matmul rate now (measure_peak_flops)
+        self.say = say
+        self.value = given or measure()
+        self.measured_again = given is not None  # a given peak is the user's number: never replaced by a measure
+        self.bounded = False
+
+    def mfu(self, flops_per_s: float) -> float:
+        """flops_per_s (one device's) over the peak: never above 1."""
+        if flops_per_s > self.value and not self.measured_again:
+            self.measured_again = True
+            self.value = max(self.value, self.measure())
+        if flops_per_s > self.value:
+            if not self.bounded:
+                source = "given as train.peak_flops" if self.given is not None else "measured at start and again"
+                self.say(f"note: this run computes {flops_per_s:.3g} FLOP/s per device, more than the peak {source} "
+                         f"({self.value:.3g}); MFU is shown against the run's fastest rate from here on, an upper "
+                         f"bound (shown as <=): set train.peak_flops to the device's peak for an exact figure")
+            self.bounded = True
+            self.value = flops_per_s
+        return flops_per_s / self.value

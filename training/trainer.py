@@ -33,8 +33,8 @@ from training.parallel import MonitorFollower, agreed_stop, is_sharded, shard_mo
 from training.plan import RunPlan, resolve_run
 from training.resume import resume, resume_sharded
 from training.run_dir import RunDirLock, could_not_write, lock_run_dir, make_out_dir
-from training.runtime import (Runtime, measure_peak_flops, rng_state, seed_everything, setup_runtime, synchronize,
-                              teardown_runtime)
+from training.runtime import (PeakFlops, Runtime, measure_peak_flops, rng_state, seed_everything, setup_runtime,
+                              synchronize, teardown_runtime)
 from training.step import accumulate_gradients, apply_gradients
 from training.stop import StopRequested
 
@@ -113,7 +113,7 @@ class Run:
     scaler: torch.amp.GradScaler | None = None
     tokens_per_step: int = 0  # every process's tokens: what tokens_per_s counts
     device_flops_per_step: float = 0.0  # one process's share of a step's FLOPs: what MFU counts
-    peak_flops: float = 1.0  # one device's
+    peak: PeakFlops | None = None  # one device's peak FLOP/s, what MFU divides by
 
     def save(self, step_done: int) -> None:
         """Write latest/ with everything a resume needs (main process only; every process under FSDP)."""
@@ -181,7 +181,7 @@ def build(plan: RunPlan) -> Run:
         # each process runs 1/world_size of the step's tokens on its own device, measured against its own peak
         run.device_flops_per_step = (model.flops_per_token(plan.model_config.block_size) * run.tokens_per_step
                                      / rt.world_size)
-        run.peak_flops = tc.peak_flops or measure_peak_flops(rt.device, rt.autocast_dtype)
+        run.peak = PeakFlops(tc.peak_flops, lambda: measure_peak_flops(rt.device, rt.autocast_dtype), logger.write)
         run.monitor = _attention_monitor(cfg, model, prepared, logger, rt, result.step)
         return run
     except BaseException:
@@ -211,12 +211,14 @@ def train_loop(run: Run, should_stop: Callable[[int], bool] | None = None) -> Tr
     with StopRequested() as stop:
         for step in range(start_step, tc.max_iters):
             loss_value, norm_value = train_step(run, step)
-            if loss_value is None:  # a skipped non-finite step
-                continue
-            window_steps += 1
-            if (step + 1) % tc.log_interval == 0 or step + 1 == tc.max_iters or step == start_step:
-                log_progress(run, step, loss_value, norm_value, time.perf_counter() - window_t0, window_steps)
-                window_t0, window_steps = time.perf_counter(), 0
+            # a skipped non-finite step (train.nonfinite=skip) has nothing to log, but its eval, checkpoint and
+            # stop come as any step's: the weights it left unchanged are saved at the last step, and a Ctrl-C
+            # during a run of skipped steps still stops the run
+            if loss_value is not None:
+                window_steps += 1
+                if (step + 1) % tc.log_interval == 0 or step + 1 == tc.max_iters or step == start_step:
+                    log_progress(run, step, loss_value, norm_value, time.perf_counter() - window_t0, window_steps)
+                    window_t0, window_steps = time.perf_counter(), 0
 
             paused_t0 = time.perf_counter()
             if (step + 1) % run.cfg.eval.interval == 0 or step + 1 == tc.max_iters:
@@ -277,15 +279,16 @@ def train_step(run: Run, step: int) -> tuple[float | None, float]:
 
 def log_progress(run: Run, step: int, loss_value: float, norm_value: float, elapsed: float, steps: int) -> None:
     """Scalars of the last `steps` steps (taking `elapsed` seconds) to metrics.jsonl, W&B and the bar:
-    tokens_per_s of all processes together, MFU per device (one process's FLOP/s over its device's peak)."""
+    tokens_per_s of all processes together, MFU per device (one process's FLOP/s over its device's peak, never
+    above 1: PeakFlops; marked <= where it is an upper bound)."""
     synchronize(run.rt.device)
     tok_s = run.tokens_per_step * steps / elapsed
-    mfu = run.device_flops_per_step * steps / elapsed / run.peak_flops
+    mfu = run.peak.mfu(run.device_flops_per_step * steps / elapsed)
     lr = run.optimizers.param_groups[-1]["lr"]
     run.logger.record(step + 1, {"train/loss": loss_value, "lr": lr, "grad_norm": norm_value,
                                  "tokens_per_s": tok_s, "mfu": mfu})
     run.logger.progress(steps, {"loss": f"{loss_value:.4f}", "lr": f"{lr:.2e}",
-                                "tok/s": f"{tok_s:,.0f}", "mfu": f"{100 * mfu:.1f}%"})
+                                "tok/s": f"{tok_s:,.0f}", "mfu": f"{'<=' * run.peak.bounded}{100 * mfu:.1f}%"})
 
 
 def evaluate_and_save(run: Run, step: int) -> None:
