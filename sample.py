@@ -29,7 +29,7 @@ from pathlib import Path
 
 from common import console
 from common.errors import ArgumentParser, UserError, out_of_memory, user_errors_exit
-from common.paths import path_argument
+from common.paths import path_argument, path_text_argument
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "small.yaml"
 PROMPT_FILE_LIMIT = 1_000_000  # bytes: far more than any block_size of text, far less than memory
@@ -56,7 +56,7 @@ def positive_or_none(value: float | None, name: str, low: float, high: float | N
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = ArgumentParser(prog="sample.py", description="Sample from a trained attngpt checkpoint.")
-    p.add_argument("--ckpt", default=None, help="a run's out_dir, a checkpoint folder, a Hugging Face model folder "
+    p.add_argument("--ckpt", default=None, type=path_text_argument("--ckpt"), help="a run's out_dir, a checkpoint folder, a Hugging Face model folder "
                                                 "or hub id, e.g. gpt2 (default: configs/small.yaml's out_dir)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default="", help="text to continue (default: empty, see module doc)")

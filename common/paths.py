@@ -6,7 +6,9 @@ that read a run (sample.py's attention dump, convert.py's output folder) must ne
 its training process writes.
 
 `expand_path(text, setting)`   `~` and `~user` expanded, nothing else changed (a relative path stays relative);
-                               a NUL character, which no file system takes, is a UserError naming the setting.
+                               a NUL character, which no file system takes, and a name that is not valid UTF-8
+                               (bytes arriving as lone surrogates; no config or log could record it) are a
+                               UserError naming the setting.
                                Config settings marked as paths go through it when the config is read
                                (common/config_io.py: PATH), command-line flags through `path_argument`.
 `enclosing_run(path)`          the run or model folder that `path` lies in (the folder itself or one above it),
@@ -46,14 +48,25 @@ def expand_path(text: str, setting: str) -> str:
     for the message that refuses a NUL character."""
     if "\x00" in text:
         raise UserError(f"{setting} holds a NUL character ({text[:60]!r}), which no path can hold: give a real path")
+    try:  # bytes that are not UTF-8 arrive from the command line as lone surrogates (surrogateescape)
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UserError(f"{setting} {ascii(text)[:80]} is not valid UTF-8: configs, checkpoints and logs record "
+                        f"their paths as UTF-8 text, so rename the file or folder to a UTF-8 name") from None
     return os.path.expanduser(text)
 
 
 def path_argument(setting: str) -> Callable[[str], Path]:
     """An argparse `type=` for a path flag: expand_path's Path, its refusal as argparse's one-line error."""
-    def parse(text: str) -> Path:
+    parse_text = path_text_argument(setting)
+    return lambda text: Path(parse_text(text))
+
+
+def path_text_argument(setting: str) -> Callable[[str], str]:
+    """path_argument's text, for a flag that takes a path or a name (sample.py --ckpt: a folder or a hub id)."""
+    def parse(text: str) -> str:
         try:
-            return Path(expand_path(text, setting))
+            return expand_path(text, setting)
         except UserError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
     return parse

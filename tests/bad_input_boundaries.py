@@ -117,6 +117,25 @@ RULES_DOC = [
     "`convert.py --force` replaces only a folder convert.py wrote itself (it holds `.attngpt-convert.json` and no "
     "subfolder), and never the source of the conversion, a folder inside it or one holding it. Tests: "
     "`common/test_paths_write_boundaries.py`.",
+    "- **Every file the product writes** (`common/writes.py`: `write_file`, `append_text`, `owning`). Checkpoints, "
+    "configs, metrics, stats.csv, heatmaps, dumps, the explorer, prepared shards and converted folders are all "
+    "written through it: to a new temporary name beside the target (created exclusively: never an existing file "
+    "or a link), fsynced, renamed over the target, the folder fsynced. A link at the target is replaced, never "
+    "written through; a log (metrics.jsonl, stats.csv) that is a link is refused, and one whose last line a "
+    "crash cut short gets a newline before the next row. Nothing is written inside a run or model folder that "
+    "the process does not write: train.py refuses an out_dir inside another run's folder (its `latest/`, say, "
+    "which that run's next save replaces) before anything is created. Tests: `common/test_writes.py`.",
+    "- **A path is UTF-8 text** (`common/paths.py: expand_path`, where every path setting and path flag enters). "
+    "Bytes that are not UTF-8 reach a command as lone surrogates, which no config.yaml, config.json or log "
+    "could record: such a path is refused in one line naming the setting, before anything is read or "
+    "written. Tests: `common/test_paths_write_boundaries.py`.",
+    "- **Readers of prepared data** (`data/prepared.py: reading`, `data/prepare.py: _no_readers`). A training run "
+    "holds a shared lock on its data folder's meta.json (opened read-only) while it trains; `data.prepare` "
+    "(with `--force`, or after the corpus changed) refuses in one line to remake a folder a run is reading, "
+    "instead of deleting the shards the run opens for every batch. Tests: `data/test_prepared.py`.",
+    "- **A run's own files round-trip** (`training/trainer.py: build`). A run's config.yaml records the model as "
+    "resolved (the tokenizer's vocabulary, an init_from source's shape), so `train.py RUN/config.yaml "
+    "out_dir=RUN` resumes it. Tests: `training/test_run_config_roundtrip.py`.",
     "- **What an override's text means** (`common/config_io.py`). For a setting that takes a "
     "string (`out_dir`, the data paths and names, `device`, `train.init_from`, `wandb.*`, `attn.probe_text`, the "
     "choices such as `dtype`) the value is the literal text: `out_dir=runs/exp #2` is the folder `runs/exp #2`, and "

@@ -340,6 +340,10 @@ CASES += [
          ("--ckpt", "{run}/latest", "--max-new-tokens", "5"),
          ("config.json' is corrupted or not an attngpt config", "a lone surrogate, U+D800", "pass --ckpt an intact"),
          damage="surrogate_vocabulary"),
+    Case("train-out-dir-inside-latest", "train.py", "config", "out_dir inside another run's latest/ checkpoint, "
+         "which that run's next save replaces whole", ("configs/tiny.yaml", "out_dir={run}/latest/mine"),
+         ("out_dir '", "latest/mine' lies inside the run or model folder", "choose a folder outside it"),
+         intact=True),
 ]
 
 

@@ -153,6 +153,30 @@ def test_expand_path_expands_the_home_folder_only(monkeypatch):
         expand_path("a\x00b", "out_dir")
 
 
+@given(raw=st.binary(min_size=1, max_size=24).filter(lambda b: b"\x00" not in b and not b.startswith(b"~")))
+def test_a_path_is_read_when_it_is_utf8_and_refused_in_one_line_when_it_is_not(raw):
+    # what a command line receives for those bytes (POSIX: the file system encoding with surrogateescape)
+    text = os.fsdecode(raw)
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        with pytest.raises(UserError, match="is not valid UTF-8") as e:
+            expand_path(text, "out_dir")
+        assert "\n" not in str(e.value)
+        str(e.value).encode("utf-8")  # the message itself can be printed
+    else:
+        assert expand_path(text, "out_dir") == text
+
+
+def test_sample_and_train_refuse_a_path_that_is_not_utf8_in_one_line(tmp_path):
+    from tests.helpers import assert_one_line_error, run_cli
+    bad = os.fsdecode(bytes(tmp_path) + b"/r\xff")
+    assert_one_line_error(run_cli(["sample.py", "--ckpt", bad]), "sample.py", "--ckpt", "is not valid UTF-8")
+    assert_one_line_error(run_cli(["train.py", "configs/tiny.yaml", f"out_dir={bad}"]), "train.py",
+                          "'out_dir'", "is not valid UTF-8")
+    assert not os.path.exists(bad)
+
+
 # --- the real command lines, in this process, on a real run ---------------------------------------------------
 
 @pytest.fixture(scope="module")
