@@ -14,7 +14,7 @@ inside another run's `latest/`, which that run's next save deletes. Here the rul
        the target instead of writing where it points;
     3. the folder is fsynced, so the rename survives a crash.
     `content` is bytes, str (written as UTF-8), or a function given the open binary temporary file (a
-    library that writes to a path can use its `.name`).
+    library that writes to a path can use its `.name`); `writing(path)` is the same for a writer that streams.
 `append_text(path, text)`   lines added to a log (metrics.jsonl, stats.csv): rule 1; a link at the target is
     refused (O_NOFOLLOW); a last line cut short by a crash is ended first, so the new lines start on a line
     of their own and the torn one is the only one lost.
@@ -104,6 +104,18 @@ def fsync_dir(folder: str | Path) -> None:
 def write_file(path: str | Path, content: Content) -> Path:
     """Write `content` to `path` whole, through a temporary file, fsync and rename (module doc); returns the
     target's absolute path."""
+    with writing(path) as f:
+        if callable(content):
+            content(f)
+        else:
+            f.write(content.encode("utf-8") if isinstance(content, str) else content)
+    return Path(f.target)
+
+
+@contextmanager
+def writing(path: str | Path) -> Iterator[BinaryIO]:
+    """write_file for a writer that streams: the block writes the open temporary file (its `.target` is the
+    final path), which replaces `path` when the block ends, and is removed when it raises."""
     target = _target(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
@@ -112,12 +124,10 @@ def write_file(path: str | Path, content: Content) -> Path:
     except FileExistsError:  # left by a killed process that had this pid: ours to remove (a link: the link)
         os.unlink(tmp)
         f = open(tmp, "xb")
+    f.target = target
     try:
         with f:
-            if callable(content):
-                content(f)
-            else:
-                f.write(content.encode("utf-8") if isinstance(content, str) else content)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
@@ -125,7 +135,6 @@ def write_file(path: str | Path, content: Content) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(target.parent)
-    return target
 
 
 def append_text(path: str | Path, text: str) -> None:

@@ -28,7 +28,7 @@ import numpy as np
 from tqdm import tqdm
 
 from common.errors import UserError
-from common.writes import write_file
+from common.writes import write_file, writing
 from data.corpus import Corpus
 from data.source_errors import read_errors
 from data.shards import shard_name
@@ -90,7 +90,8 @@ class ShardWriter:
         while arr.size:
             if self.file is None:
                 name = shard_name(self.split, len(self.entries))
-                self.file = open(self.folder / name, "wb")
+                self._writing = writing(self.folder / name)  # common/writes.py: renamed in whole at _finish
+                self.file = self._writing.__enter__()
                 self.entries.append({"file": name, "tokens": 0, "max_id": -1})
             entry = self.entries[-1]
             room = arr.size if self.shard_tokens is None else self.shard_tokens - entry["tokens"]
@@ -103,10 +104,8 @@ class ShardWriter:
                 self._finish()
 
     def _finish(self) -> None:
-        if self.file is not None and not self.file.closed:
-            self.file.flush()
-            os.fsync(self.file.fileno())
-            self.file.close()
+        if self.file is not None:
+            self._writing.__exit__(None, None, None)
         self.file = None
 
     def close(self) -> list[dict[str, Any]]:
