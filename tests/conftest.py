@@ -9,6 +9,15 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Hypothesis draws the same examples on every run (derandomize: seeded by each test's name), keeps no
+# example database between runs, and prints the reproduction blob of a failure: a verdict is the code's,
+# not what one random draw happened to find. HYPOTHESIS_PROFILE=explore draws new examples each run, to
+# look for failures locally. Each test's own @settings (max_examples, deadline) still apply.
+settings.register_profile("repeatable", derandomize=True, database=None, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 # One intra-op thread per test process (and the command lines they start): the suite runs as two xdist
 # workers on two cores, and two processes with two OpenMP threads each on two cores spin-wait on each
