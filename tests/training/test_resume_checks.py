@@ -194,6 +194,9 @@ def test_tokenizers_are_described_by_kind_and_size():
     assert _describe_tokenizer({"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 50257}) == \
         "tiktoken gpt2, 50257 tokens"
     assert _describe_tokenizer(None) == "none recorded"
+    # a Hugging Face tokenizer records no encoding: the description has none, and no placeholder for it
+    hf = _describe_tokenizer({"kind": "hf", "name": "tok", "vocab_size": 300})
+    assert hf.startswith("hf ") and hf.endswith(", 300 tokens") and "None" not in hf
 
 
 def test_a_corpus_edited_past_the_ends_the_token_fingerprint_reads_is_other_data(tmp_path, monkeypatch):
