@@ -140,3 +140,17 @@ def test_a_dropped_stream_sends_what_its_descriptor_still_gets_to_dev_null(tmp_p
         stream.write("not written\n")
         stream.flush()
     assert path.read_text() == "before\n"
+
+
+def test_a_strict_stream_without_an_encoding_attribute_is_escaped_as_utf_8():
+    class Strict:  # a stream object that refuses what ASCII cannot hold and says nothing of its encoding
+        def __init__(self):
+            self.parts = []
+
+        def write(self, text):
+            text.encode("ascii")
+            self.parts.append(text)
+
+    inner = Strict()
+    console.GuardedStream(inner, "stdout", console.Printer("prog", None)).write("ab \ud800")
+    assert inner.parts == ["ab \\ud800"]
