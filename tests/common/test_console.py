@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import io
+import os
 import sys
 
 import pytest
@@ -104,3 +105,52 @@ def test_installing_wraps_the_real_streams_once_and_a_process_without_stdout_pri
     print("dropped")
     print("kept", file=sys.stderr)
     assert real_err.getvalue() == "kept\n" and sys.stderr._printer.prog == "two"
+
+
+def test_installing_with_goes_on_makes_a_failed_stdout_a_warning_and_the_command_goes_on(monkeypatch):
+    monkeypatch.setattr(sys, "stdout", FailingStream(errno.EIO, 0))
+    real_err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", real_err)
+    console.install("train.py", goes_on="the run goes on")
+    print("lost")  # no SystemExit: the command goes on
+    print("still here", file=sys.stderr)
+    assert real_err.getvalue().splitlines() == [
+        f"train.py: warning: cannot write to stdout ({write_failure(OSError(errno.EIO, 'simulated'))}); "
+        f"the run goes on", "still here"]
+
+
+def test_everything_but_writing_is_the_real_streams(tmp_path):
+    with open(tmp_path / "out.txt", "w", encoding="latin-1") as inner:
+        stream = console.GuardedStream(inner, "stdout", console.Printer("prog", None))
+        assert stream.fileno() == inner.fileno() and stream.encoding == "latin-1"
+        assert stream.isatty() is False and stream.name == "stdout"
+
+
+def test_a_dropped_stream_sends_what_its_descriptor_still_gets_to_dev_null(tmp_path):
+    """drop() points the real descriptor at /dev/null: what the interpreter still flushes for it (here: a
+    write straight to the descriptor) reaches neither the file nor an exception."""
+    path = tmp_path / "out.txt"
+    with open(path, "w") as inner:
+        stream = console.GuardedStream(inner, "stdout", console.Printer("prog", "it goes on"))
+        stream.write("before\n")
+        stream.flush()
+        stream.drop()
+        assert stream.failed
+        os.write(inner.fileno(), b"after the drop\n")
+        stream.write("not written\n")
+        stream.flush()
+    assert path.read_text() == "before\n"
+
+
+def test_a_strict_stream_without_an_encoding_attribute_is_escaped_as_utf_8():
+    class Strict:  # a stream object that refuses what ASCII cannot hold and says nothing of its encoding
+        def __init__(self):
+            self.parts = []
+
+        def write(self, text):
+            text.encode("ascii")
+            self.parts.append(text)
+
+    inner = Strict()
+    console.GuardedStream(inner, "stdout", console.Printer("prog", None)).write("ab \ud800")
+    assert inner.parts == ["ab \\ud800"]

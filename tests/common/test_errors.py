@@ -61,3 +61,15 @@ def test_out_of_memory_names_the_given_setting_and_nothing_else_is_taken_for_it(
         assert isinstance(found, UserError) and str(found).startswith("out of memory on cpu (")
         assert str(found).endswith("): lower eval.batch_size")
 
+
+
+def test_a_chain_of_errors_that_loops_back_ends_without_a_no_room_error():
+    """A library can leave an exception as its own context's context: the walk stops at the first one seen
+    again, and a loop holding no no-room error is None, however the loop is entered."""
+    first, second = RuntimeError("a"), ValueError("b")
+    first.__context__, second.__context__ = second, first
+    assert out_of_room(first, "folder") is None and out_of_room(second, "folder") is None
+    room = OSError(errno.ENOSPC, "No space left on device")
+    second.__context__ = room
+    room.__context__ = first
+    assert "the disk is full" in str(out_of_room(first, "folder"))

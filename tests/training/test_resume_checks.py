@@ -194,6 +194,9 @@ def test_tokenizers_are_described_by_kind_and_size():
     assert _describe_tokenizer({"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 50257}) == \
         "tiktoken gpt2, 50257 tokens"
     assert _describe_tokenizer(None) == "none recorded"
+    # a Hugging Face tokenizer records no encoding: the description has none, and no placeholder for it
+    hf = _describe_tokenizer({"kind": "hf", "name": "tok", "vocab_size": 300})
+    assert hf.startswith("hf ") and hf.endswith(", 300 tokens") and "None" not in hf
 
 
 def test_a_corpus_edited_past_the_ends_the_token_fingerprint_reads_is_other_data(tmp_path, monkeypatch):
@@ -227,3 +230,34 @@ def test_a_corpus_edited_past_the_ends_the_token_fingerprint_reads_is_other_data
         source_content({"files": [["b", 2, "1" * 64], ["a", 1, sha]]})
     assert source_content({"files": [["a", 1, "0123456789abcdef"]]}) is None
     assert source_content({"files": []}) is None and source_content({}) is None
+
+
+@pytest.mark.parametrize("change", [{"dropout": 0.3}, {"attn_impl": "manual"}, {"dropout": 0.1, "attn_impl": "manual"}])
+def test_dropout_and_the_attention_implementation_may_change_across_a_resume_and_nothing_else(tmp_path, change):
+    import dataclasses
+
+    from common.errors import UserError
+    from model.config import ModelConfig
+    from training.resume import check_same_model
+    ours = ModelConfig(vocab_size=65, block_size=32, n_layer=2, n_head=4, d_model=32, attn_impl="sdpa")
+    saved = {"model": {**ours.to_dict(), **change}}
+    check_same_model(saved, ours, tmp_path)  # the same model: these two do not shape it
+    with pytest.raises(UserError, match=r"a different model \(n_layer 2 vs 3\)"):
+        check_same_model(saved, dataclasses.replace(ours, n_layer=3), tmp_path)
+
+
+def test_a_training_state_that_does_not_fit_the_built_run_names_the_error(tmp_path):
+    """What read_resume_point's checks cannot foresee fails when the state is loaded: the refusal names the
+    exception's type and its message, on one line."""
+    from common.errors import UserError
+    from model.config import ModelConfig
+    from training.resume import ResumePoint, resume
+    cfg = tiny_config(tmp_path)
+    model = GPT(ModelConfig(vocab_size=65, block_size=32, n_layer=1, n_head=2, d_model=16))
+    point = ResumePoint(tmp_path / LATEST, weights=model.state_dict(), state={"optimizer": build_optimizers(
+        model, cfg.train).state_dict(), "loader": {}, "rng": {}})
+    loader = type("Loader", (), {"rank": 0, "world_size": 1,
+                                 "load_state_dict": lambda self, s: s["position"]})()
+    with pytest.raises(UserError) as e:
+        resume(point, tmp_path, model, build_optimizers(model, cfg.train), loader)
+    assert "does not fit this run (KeyError: 'position')" in str(e.value) and "\n" not in str(e.value)

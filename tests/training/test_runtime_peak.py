@@ -40,6 +40,9 @@ def test_an_mfu_is_never_above_one_and_exact_until_the_peak_proves_low(given_pea
     assert peak.bounded == any(r > known for r in rates) and len(said) == int(peak.bounded)
     if said:
         assert "MFU is shown against the run's fastest rate" in said[0] and "upper bound" in said[0]
+        # it names where the peak it passed came from
+        source = "given as train.peak_flops" if given_peak is not None else "measured at start and again"
+        assert f"more than the peak {source} (" in said[0]
 
 
 @pytest.fixture(scope="module")

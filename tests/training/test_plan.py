@@ -1,0 +1,74 @@
+"""training/plan.py's pieces that a run's first lines and its memory refusal come from, on a run's config
+without training it: the line that says what is trained (describe), and the memory bound a run is held to,
+whole and under FSDP (check_memory)."""
+from __future__ import annotations
+
+import dataclasses
+import types
+
+import pytest
+import torch
+
+import pretrained.memory as memory
+from common.errors import UserError
+from pretrained.memory import param_count
+from tests.helpers import tiny_config
+from training.plan import check_memory, describe
+from training.runtime import Runtime
+
+PREPARED = types.SimpleNamespace(train_tokens=1_234_567, val_tokens=8_910)
+
+
+def _model_line(cfg, n_params: int, tail: str) -> str:
+    m = cfg.model
+    return (f"model: {n_params / 1e6:.2f}M parameters, {m.n_layer} layers, {m.n_head} heads ({m.n_kv_head} kv), "
+            f"d_model {m.d_model}, block {m.block_size}; data: 1,234,567 train / 8,910 val tokens; device cpu{tail}")
+
+
+@pytest.mark.parametrize("autocast, world_size, parallel, tail", [
+    (None, 1, None, ""), (torch.bfloat16, 1, None, ", autocast bfloat16"),
+    (None, 2, "ddp", ", 2 processes"), (torch.float16, 4, "fsdp", ", autocast float16, 4 processes, FSDP")])
+def test_the_model_line_says_the_shape_data_device_autocast_and_processes(tmp_path, autocast, world_size, parallel,
+                                                                          tail):
+    cfg = tiny_config(tmp_path, "model.vocab_size=65", *([f"train.parallel={parallel}"] if parallel else []))
+    rt = Runtime(device=torch.device("cpu"), autocast_dtype=autocast, world_size=world_size)
+    assert describe(cfg, rt, None, cfg.model, PREPARED) == [_model_line(cfg, param_count(cfg.model), tail)]
+
+
+@pytest.mark.parametrize("block_size, cropped", [(32, ""), (16, "; context cropped to 16 of its 32")])
+def test_a_fresh_start_from_a_source_says_where_its_weights_come_from_first(tmp_path, block_size, cropped):
+    cfg = tiny_config(tmp_path, "model.vocab_size=65", "train.init_from=/models/src")
+    source = types.SimpleNamespace(config=dataclasses.replace(cfg.model, block_size=32), kind="attngpt",
+                                   tokenizer="CharTokenizer(65)")
+    shape = dataclasses.replace(source.config, block_size=block_size)
+    lines = describe(cfg, Runtime(device=torch.device("cpu"), autocast_dtype=None), source, shape, PREPARED)
+    assert lines[0] == ("starting from the weights of /models/src (attngpt checkpoint), with a fresh optimizer and "
+                        f"schedule; tokenizer 'CharTokenizer(65)'{cropped}")
+    assert len(lines) == 2 and lines[1].startswith(f"model: {param_count(shape) / 1e6:.2f}M parameters")
+
+
+def _needed(config, per_param: int) -> int:
+    """pretrained/memory.py's bound, written out: parameters x bytes each + buffers + the modules' objects."""
+    return param_count(config) * per_param + memory.buffer_bytes(config) + config.n_layer * memory.MODULE_BYTES_PER_LAYER
+
+
+@pytest.mark.parametrize("world_size", [1, 3, 32])
+@pytest.mark.parametrize("sharded", [False, True])
+def test_a_run_is_refused_exactly_when_its_training_state_cannot_fit(tmp_path, monkeypatch, world_size, sharded):
+    """Unsharded, every process holds 16 bytes a parameter (weights, gradients, AdamW's two moments); under FSDP
+    the model is first built whole on the CPU (4 bytes a parameter), then each process keeps 1/world_size of
+    the 16 (at least 1 byte). The device is given exactly the larger need, then one byte less."""
+    cfg = tiny_config(tmp_path, "model.vocab_size=65")
+    per_process = max(1, 16 // world_size) if sharded else 16
+    whole = _needed(cfg.model, 4) if sharded else 0
+    need = max(whole, _needed(cfg.model, per_process))
+    rt = Runtime(device=torch.device("cpu"), autocast_dtype=None, world_size=world_size)
+    monkeypatch.setattr(memory, "device_memory", lambda device: need)
+    check_memory(cfg.model, rt, sharded)
+    monkeypatch.setattr(memory, "device_memory", lambda device: need - 1)
+    with pytest.raises(UserError) as e:
+        check_memory(cfg.model, rt, sharded)
+    what = ("its weights, built whole before sharding" if whole >= _needed(cfg.model, per_process)
+            else "its weights, gradients and AdamW moments")
+    assert f"the model in this run's config has {param_count(cfg.model):,} parameters" in str(e.value)
+    assert f": {what} would need {memory.human_bytes(need)}, but cpu has" in str(e.value)
