@@ -261,3 +261,38 @@ def test_a_training_state_that_does_not_fit_the_built_run_names_the_error(tmp_pa
     with pytest.raises(UserError) as e:
         resume(point, tmp_path, model, build_optimizers(model, cfg.train), loader)
     assert "does not fit this run (KeyError: 'position')" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_tokenizer_of_the_same_size_is_said_to_hold_other_tokens_and_one_of_another_size_is_not(tmp_path):
+    """Two char tokenizers of 3 characters each look the same in their descriptions: the refusal says they
+    are the same size with other tokens. Of 3 and 4 characters, the descriptions differ and say so alone."""
+    from common.errors import UserError
+    from training.resume import check_same_data
+    data = {"source": "text", "train_tokens": 10, "val_tokens": 2, "fingerprint": "f"}
+    ours = {"tokenizer": {"kind": "char", "chars": "abc"}, "data": data}
+    for chars, same_size in (("abd", True), ("abcd", False)):
+        with pytest.raises(UserError) as e:
+            check_same_data({"tokenizer": {"kind": "char", "chars": chars}, "data": data}, ours, tmp_path)
+        assert ("(the same size, other tokens)" in str(e.value)) is same_size, str(e.value)
+    check_same_data({"tokenizer": {"kind": "char", "chars": "abc"}, "data": data}, ours, tmp_path)  # the same: goes
+
+
+def test_a_resume_point_holds_the_folder_it_was_read_from_and_hands_its_contents_over_once(tmp_path, trained):
+    """read_resume_point on a run's own latest/: the point names that folder, its weights are the run's
+    model's, and a second take is refused naming the folder."""
+    from pretrained.checkpoint import read_config
+    from tests.helpers import fresh_copy
+    from training.resume import read_resume_point
+    out, model = fresh_copy(trained, tmp_path)
+    latest = out / LATEST
+    saved = read_config(latest)
+    cfg = tiny_config(out, "train.max_iters=2", "eval.interval=2", *QUIET)
+    point = read_resume_point(latest, out, model.config, {"tokenizer": saved["tokenizer"], "data": saved["data"]},
+                              cfg.train)
+    assert point.latest == latest
+    weights, state = point.take()
+    assert state["step"] == 2
+    ours = model.state_dict()
+    assert weights.keys() <= ours.keys() and all(torch.equal(weights[k], ours[k]) for k in weights)
+    with pytest.raises(RuntimeError, match=f"the resume point of '{latest}' was already taken"):
+        point.take()
