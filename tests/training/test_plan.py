@@ -72,3 +72,17 @@ def test_a_run_is_refused_exactly_when_its_training_state_cannot_fit(tmp_path, m
             else "its weights, gradients and AdamW moments")
     assert f"the model in this run's config has {param_count(cfg.model):,} parameters" in str(e.value)
     assert f": {what} would need {memory.human_bytes(need)}, but cpu has" in str(e.value)
+
+
+def test_train_resume_never_refuses_an_out_dir_that_holds_a_checkpoint_saying_how_to_go_on(tmp_path):
+    """The refusal comes before anything is read or prepared (the latest/ here is empty), names the out_dir
+    and says both ways on: resume=auto, or another out_dir."""
+    from training.checkpoint import LATEST
+    from training.plan import resolve_run
+    out = tmp_path / "run"
+    (out / LATEST).mkdir(parents=True)
+    rt = Runtime(device=torch.device("cpu"), autocast_dtype=None)
+    with pytest.raises(UserError) as e:
+        resolve_run(tiny_config(out, "train.resume=never"), rt, say=lambda line: None)
+    assert str(e.value) == (f"out_dir '{out}' already holds a checkpoint and train.resume=never: set "
+                            f"train.resume=auto to continue it, or choose another out_dir")
