@@ -86,3 +86,28 @@ def test_train_resume_never_refuses_an_out_dir_that_holds_a_checkpoint_saying_ho
         resolve_run(tiny_config(out, "train.resume=never"), rt, say=lambda line: None)
     assert str(e.value) == (f"out_dir '{out}' already holds a checkpoint and train.resume=never: set "
                             f"train.resume=auto to continue it, or choose another out_dir")
+
+
+@pytest.mark.parametrize("vocab, size", [(65, 65), (1023, 1023), (1024, 1024), (1025, 1088), (50257, 50304)])
+def test_a_scratch_model_takes_the_tokenizers_vocabulary_bpe_sized_ones_padded_to_a_multiple_of_64(tmp_path, vocab,
+                                                                                                  size):
+    from training.plan import with_vocab_size
+    cfg = tiny_config(tmp_path)
+    assert cfg.vocab_size_from_tokenizer
+    shape = with_vocab_size(cfg, cfg.model, vocab)
+    assert shape.vocab_size == size and size >= vocab and (size == vocab or size % 64 == 0)
+    assert dataclasses.replace(shape, vocab_size=cfg.model.vocab_size) == cfg.model  # nothing else changes
+
+
+def test_a_model_started_from_a_source_has_its_shape_with_this_configs_free_keys(tmp_path):
+    """train.init_from: the source's shape, with the config's dropout, attention implementation and (cropped)
+    block size."""
+    from model.config import ModelConfig
+    from training.plan import model_shape
+    source = types.SimpleNamespace(config=ModelConfig(vocab_size=65, block_size=64, n_layer=2, n_head=4, d_model=32,
+                                                      dropout=0.0, attn_impl="sdpa"))
+    cfg = tiny_config(tmp_path, "train.init_from=/models/src", "model.block_size=16", "model.attn_impl=manual",
+                      "model.dropout=0.1")
+    assert model_shape(cfg, source) == dataclasses.replace(source.config, block_size=16, attn_impl="manual",
+                                                           dropout=0.1)
+    assert model_shape(cfg, None) == cfg.model
