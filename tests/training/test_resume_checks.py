@@ -296,3 +296,20 @@ def test_a_resume_point_holds_the_folder_it_was_read_from_and_hands_its_contents
     assert weights.keys() <= ours.keys() and all(torch.equal(weights[k], ours[k]) for k in weights)
     with pytest.raises(RuntimeError, match=f"the resume point of '{latest}' was already taken"):
         point.take()
+
+
+@pytest.mark.parametrize("dtype, autocast", [("float32", None), ("bfloat16", torch.bfloat16)])
+def test_the_plan_of_a_run_that_continues_names_its_checkpoint_and_keeps_the_explicit_dtype(tmp_path, trained, dtype,
+                                                                                            autocast):
+    """resolve_run on an out_dir holding latest/: the plan resumes from that folder (what the trainer says
+    and the logger records), its point is read from it, and an explicit dtype's autocast is the run's."""
+    from tests.helpers import fresh_copy
+    from training.plan import resolve_run
+    from training.runtime import setup_runtime
+    out, _ = fresh_copy(trained, tmp_path)
+    cfg = tiny_config(out, "train.max_iters=4", "eval.interval=2", f"dtype={dtype}", *QUIET)
+    lines = []
+    plan = resolve_run(cfg, setup_runtime(cfg.device, cfg.dtype), say=lines.append)
+    assert plan.latest == out / LATEST and plan.resume_point.latest == out / LATEST
+    assert plan.rt.autocast_dtype == autocast and plan.choice is None
+    assert lines and lines[-1].startswith("model: ")
