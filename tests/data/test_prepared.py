@@ -34,3 +34,23 @@ def test_prepare_force_refuses_a_folder_a_training_run_is_reading_and_the_run_fi
     after = run_cli(force, env_extra=env)  # no reader any more: the folder is remade
     assert after.returncode == 0, after.stderr[-2000:]
     assert (folder / "meta.json").stat().st_mtime_ns > shards_before["meta.json"][1]
+
+
+@pytest.mark.parametrize("train, val, fix", [(100, 8, "raise data.val_fraction"), (8, 100, "lower data.val_fraction"),
+                                             (100, 100, None)])
+def test_a_split_shorter_than_one_window_is_refused_saying_which_way_to_move_the_val_fraction(train, val, fix):
+    """block_size 16 needs 17 tokens in each split: a short val split asks for more of the data, a short
+    train split for less of it to go to val."""
+    import types
+
+    from common.errors import UserError
+    from data.prepared import PreparedData
+    data = types.SimpleNamespace(split_tokens={"train": train, "val": val}.__getitem__)
+    if fix is None:
+        PreparedData.check_block_size(data, 16)
+        return
+    split, n = ("val", val) if val < train else ("train", train)
+    with pytest.raises(UserError) as e:
+        PreparedData.check_block_size(data, 16)
+    assert str(e.value) == (f"the {split} split has {n} tokens but block_size 16 needs at least 17: lower "
+                            f"model.block_size, {fix}, or use more data")
