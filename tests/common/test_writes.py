@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from common.errors import UserError
@@ -116,6 +116,7 @@ def test_owning_a_folder_inside_another_run_is_refused(tmp_path):
                               max_size=20), max_size=5),
        torn=st.text(alphabet="abc{}\":,0123456789", max_size=20), new=st.lists(
            st.text(alphabet="xyz0123456789", min_size=1, max_size=10), min_size=1, max_size=4))
+@example(lines=[], torn="a", new=["X"])  # a torn line of one byte; a row ending in a letter that is not "\n"
 def test_appending_after_a_torn_last_line_starts_a_fresh_one(tmp_path_factory, lines, torn, new):
     log = _fresh(tmp_path_factory) / "metrics.jsonl"
     log.write_bytes("".join(f"{line}\n" for line in lines).encode("utf-8") + torn.encode("utf-8"))
@@ -178,3 +179,10 @@ def test_an_out_dir_inside_another_runs_checkpoint_is_refused_before_anything_is
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "lies inside the run or model folder" in proc.stderr and str(latest) in proc.stderr
     assert sorted(p.name for p in latest.iterdir()) == before and os.path.exists(latest / "model.safetensors")
+
+
+def test_an_appended_row_ends_in_exactly_one_newline(tmp_path):
+    log = tmp_path / "log.txt"
+    for row in ("first\n\n", "second", "third\n"):
+        append_text(log, row)
+    assert log.read_bytes() == b"first\nsecond\nthird\n"
