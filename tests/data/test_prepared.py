@@ -54,3 +54,15 @@ def test_a_split_shorter_than_one_window_is_refused_saying_which_way_to_move_the
         PreparedData.check_block_size(data, 16)
     assert str(e.value) == (f"the {split} split has {n} tokens but block_size 16 needs at least 17: lower "
                             f"model.block_size, {fix}, or use more data")
+
+
+@pytest.mark.parametrize("content, problem", [(b"{\"format_version\": 2,", "is not valid JSON"),
+                                              (b"\xff{}", "is not UTF-8 text")])
+def test_a_meta_json_that_cannot_be_parsed_is_refused_naming_the_file_and_the_way_back(tmp_path, content, problem):
+    from common.errors import UserError
+    from data.prepared import META_FILE, REDO, read_meta
+    (tmp_path / META_FILE).write_bytes(content)
+    with pytest.raises(UserError) as e:
+        read_meta(tmp_path)
+    message = str(e.value)
+    assert message.startswith(f"'{tmp_path / META_FILE}' {problem}") and message.endswith(f": {REDO}")
