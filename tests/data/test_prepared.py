@@ -66,3 +66,40 @@ def test_a_meta_json_that_cannot_be_parsed_is_refused_naming_the_file_and_the_wa
         read_meta(tmp_path)
     message = str(e.value)
     assert message.startswith(f"'{tmp_path / META_FILE}' {problem}") and message.endswith(f": {REDO}")
+
+
+def _hand_made_folder(folder, train_sizes, dtype="uint16"):
+    """A prepared folder written by hand: char tokenizer "ab", train shards of these sizes, one val shard of 3."""
+    import json
+
+    import numpy as np
+
+    from data.prepared import LAYOUT_VERSION, META_FILE
+    folder.mkdir()
+    entries = {"train": [], "val": []}
+    for split, sizes in (("train", train_sizes), ("val", [3])):
+        for i, n in enumerate(sizes):
+            name = f"{split}_{i:05d}.bin"
+            (np.arange(n) % 2).astype(np.uint16).tofile(folder / name)
+            entries[split].append({"file": name, "tokens": n, "max_id": 1 if n > 1 else 0})
+    (folder / META_FILE).write_text(json.dumps({"format_version": LAYOUT_VERSION, "dtype": dtype,
+                                                "tokenizer": {"kind": "char", "chars": "ab"}, "shards": entries}))
+    return folder
+
+
+def test_a_last_shard_of_one_token_is_read_and_an_empty_one_is_refused(tmp_path):
+    """A stream's last shard holds whatever was left when the data ended: one token is a shard; none is not."""
+    from common.errors import UserError
+    from data.prepared import load_prepared
+    prepared = load_prepared(_hand_made_folder(tmp_path / "one", [5, 1]))
+    assert prepared.split_tokens("train") == 6 and prepared.split_tokens("val") == 3
+    with pytest.raises(UserError, match="train_00001.bin' is missing or does not hold the 0 tokens"):
+        load_prepared(_hand_made_folder(tmp_path / "none", [5, 0]))
+
+
+@pytest.mark.parametrize("dtype", ["int8", "float32"])
+def test_a_meta_json_naming_another_dtype_is_refused_naming_it(tmp_path, dtype):
+    from common.errors import UserError
+    from data.prepared import load_prepared
+    with pytest.raises(UserError, match=f"names dtype '{dtype}', not uint16 or uint32"):
+        load_prepared(_hand_made_folder(tmp_path / "d", [5], dtype=dtype))
