@@ -291,3 +291,18 @@ def test_sample_dumps_only_outside_runs_and_model_folders(workspace, target, ckp
         assert changed and all(on_the_way(k, target) for k in changed), changed
         assert (workspace / target / "attention.html").is_file()
         remove_new(workspace, before)
+
+
+def test_a_refused_path_is_shown_cut_to_a_bounded_length():
+    """A long path in a refusal is cut: a NUL path to its first 60 characters (as a repr), one that is not
+    UTF-8 to the first 80 characters of its ascii()."""
+    long = "/runs/" + "x" * 100
+    with pytest.raises(UserError) as e:
+        expand_path(long + "\x00", "out_dir")
+    assert str(e.value) == (f"out_dir holds a NUL character ({long[:60]!r}), which no path can hold: give a real "
+                            f"path")
+    bad = long + "\udcff"
+    with pytest.raises(UserError) as e:
+        expand_path(bad, "out_dir")
+    assert str(e.value).startswith(f"out_dir {ascii(bad)[:80]} is not valid UTF-8: ")
+    assert ascii(bad)[:81] not in str(e.value)
