@@ -86,6 +86,17 @@ def induction_heads(series: dict[tuple[int, int], np.ndarray]) -> list[tuple[int
     return sorted(found, key=lambda item: (-item[2], item[0], item[1]))
 
 
+def score_text(value: float, threshold: float) -> str:
+    """`value` to two decimals, or to as many more as it takes for the number shown to lie on the same side of
+    `threshold` as the value does: a head scoring 0.3996 is "0.3996" beside "none above 0.4", never "0.40"."""
+    for digits in range(2, 18):
+        text = f"{value:.{digits}f}"
+        shown = float(text)
+        if (shown > threshold) == (value > threshold) and (shown < threshold) == (value < threshold):
+            return text
+    return repr(value)
+
+
 def induction_summary(rows: Iterable[Sequence], icl: Iterable[tuple[int, float]]) -> str:
     """One line on the run's induction heads and phase change, e.g.
     "induction heads: L1.H2 (0.97), L1.H0 (0.93); phase change at step 140 (largest induction score 0.08 at
@@ -98,25 +109,29 @@ def induction_summary(rows: Iterable[Sequence], icl: Iterable[tuple[int, float]]
         return "induction heads: no attention snapshot yet"
     heads = induction_heads(series)
     if heads:
-        named = ", ".join(f"L{layer}.H{head} ({score:.2f})" for layer, head, score in heads[:SUMMARY_HEADS])
+        named = ", ".join(f"L{layer}.H{head} ({score_text(score, ROLE_THRESHOLDS['induction'])})"
+                          for layer, head, score in heads[:SUMMARY_HEADS])
         more = f" and {len(heads) - SUMMARY_HEADS} more" if len(heads) > SUMMARY_HEADS else ""
         text = f"induction heads: {named}{more}"
     else:
         last = {key: values[-1] for key, values in series.items() if np.isfinite(values[-1])}
         best = max(last, key=last.get) if last else None
         text = (f"induction heads: none above {ROLE_THRESHOLDS['induction']} "
-                + (f"(largest L{best[0]}.H{best[1]} {last[best]:.2f})" if best else "(no score)"))
+                + (f"(largest L{best[0]}.H{best[1]} {score_text(last[best], ROLE_THRESHOLDS['induction'])})"
+                   if best else "(no score)"))
     largest = _largest(series)
     change = phase_change(steps, largest)
     if change is None:
         if len(steps) and largest[0] >= PHASE_THRESHOLD:
-            text += f"; no phase change in this run (largest induction score {largest[0]:.2f} at its first " \
+            text += f"; no phase change in this run (largest induction score " \
+                    f"{score_text(largest[0], PHASE_THRESHOLD)} at its first " \
                     f"snapshot, step {int(steps[0])})"
         else:
             text += f"; no phase change (largest induction score stayed below {PHASE_THRESHOLD})"
         return text
-    text += (f"; phase change at step {change.step} (largest induction score {change.before_score:.2f} at step "
-             f"{change.before_step} -> {change.score:.2f}")
+    text += (f"; phase change at step {change.step} (largest induction score "
+             f"{score_text(change.before_score, PHASE_THRESHOLD)} at step {change.before_step} -> "
+             f"{score_text(change.score, PHASE_THRESHOLD)}")
     if len(icl) >= 2:  # from the first eval to the last: the drop the phase change brings
         text += f"; ICL score {icl[0][1]:.2f} at step {icl[0][0]} -> {icl[-1][1]:.2f} at step {icl[-1][0]}"
     return text + ")"

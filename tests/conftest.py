@@ -14,8 +14,9 @@ from hypothesis import settings
 # Hypothesis draws the same examples on every run (derandomize: seeded by each test's name), keeps no
 # example database between runs, and prints the reproduction blob of a failure: a verdict is the code's,
 # not what one random draw happened to find. HYPOTHESIS_PROFILE=explore draws new examples each run, to
-# look for failures locally. Each test's own @settings (max_examples, deadline) still apply.
-settings.register_profile("repeatable", derandomize=True, database=None, print_blob=True)
+# look for failures locally. No deadline: an example's time on a shared 2-core machine is not the code's verdict
+# (speed is never asserted in tests). Each test's own @settings (max_examples, deadline) still apply.
+settings.register_profile("repeatable", derandomize=True, database=None, print_blob=True, deadline=None)
 settings.register_profile("explore", derandomize=False, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 

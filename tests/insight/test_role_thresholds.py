@@ -8,10 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from insight.explorer import HeadScores, explorer_html
 from insight.role_plot import PHASE_THRESHOLD, draw_heads_over_training, head_series, induction_heads, \
-    induction_summary, phase_change
+    induction_summary, phase_change, score_text
 from insight.roles import ROLE_THRESHOLDS, role_label, role_probe
 from model import GPT, ModelConfig
 from training.attn_monitor import _cell, _float
@@ -37,7 +39,8 @@ def test_an_induction_score_at_the_threshold_is_no_role_anywhere_and_one_ulp_abo
     series = head_series([(10, 0, 0, AT), (10, 0, 1, ABOVE)])[1]
     assert induction_heads(series) == [(0, 1, ABOVE)]
     assert induction_summary([(10, 0, 0, AT)], []).startswith("induction heads: none above 0.4 (largest L0.H0 0.40)")
-    assert induction_summary([(10, 0, 0, AT), (10, 0, 1, ABOVE)], []).startswith("induction heads: L0.H1 (0.40);")
+    named = induction_summary([(10, 0, 0, AT), (10, 0, 1, ABOVE)], [])
+    assert named.startswith("induction heads: L0.H1 (") and float(named.split("(")[1].split(")")[0]) == ABOVE
     figure = draw_heads_over_training([(10, 0, 0, AT), (10, 0, 1, ABOVE)], [])
     dashed = [line for line in figure.axes[0].lines if line.get_linestyle() == "--"]
     assert [list(line.get_ydata()) for line in dashed] == [[AT, AT]]  # the line a head must pass, drawn at 0.4
@@ -80,3 +83,17 @@ def test_a_pool_exactly_as_large_as_the_probe_gives_each_sequence_every_id_once(
     assert all(len(set(row[1:R + 1].tolist())) < R for row in short)
     for probe in (exact, with_start, one_more, short):
         assert torch.equal(probe[:, 1:R + 1], probe[:, R + 1:]) and (probe[:, 0] == 0).all()
+
+
+@given(value=st.floats(-2, 2), threshold=st.sampled_from([AT, PHASE_THRESHOLD, 0.0]), ulps=st.integers(-3, 3))
+def test_a_score_is_shown_on_its_own_side_of_the_threshold(value, threshold, ulps):
+    for v in (value, threshold + ulps * float(np.spacing(threshold or 1.0))):  # anywhere, and next to the line
+        shown = float(score_text(v, threshold))
+        assert (shown > threshold) == (v > threshold) and (shown < threshold) == (v < threshold)
+        assert abs(shown - v) <= 0.005 + 1e-12  # never further than two decimals would be
+
+
+def test_the_summary_never_shows_a_head_below_the_threshold_as_reaching_it():
+    text = induction_summary([(10, 0, 0, 0.3996), (10, 0, 1, 0.1)], [])
+    assert text.startswith("induction heads: none above 0.4 (largest L0.H0 0.3996)")
+    assert score_text(0.97, AT) == "0.97"  # far from the line: two decimals, as before
