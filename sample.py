@@ -56,8 +56,9 @@ def positive_or_none(value: float | None, name: str, low: float, high: float | N
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = ArgumentParser(prog="sample.py", description="Sample from a trained attngpt checkpoint.")
-    p.add_argument("--ckpt", default=None, type=path_text_argument("--ckpt"), help="a run's out_dir, a checkpoint folder, a Hugging Face model folder "
-                                                "or hub id, e.g. gpt2 (default: configs/small.yaml's out_dir)")
+    p.add_argument("--ckpt", default=None, type=path_text_argument("--ckpt"),
+                   help="a run's out_dir, a checkpoint folder, a Hugging Face model folder or hub id, e.g. gpt2 "
+                        "(default: configs/small.yaml's out_dir)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default="", help="text to continue (default: empty, see module doc)")
     src.add_argument("--prompt-file", type=path_argument("--prompt-file"), help="read the prompt from this UTF-8 file (at most 1 MB)")

@@ -55,7 +55,7 @@ def _check_folder(folder: Path, refused: Callable[[Path, str], str]) -> None:
         raise UserError(refused(*found))
 
 
-def check_writer_root(root: str | Path, what: str = "the folder") -> None:
+def _check_root(root: str | Path, what: str = "the folder") -> None:
     """Refuse (UserError) a folder to write that lies inside a run or model folder this process does not
     write (module doc: `owning`)."""
     root = Path(root).expanduser().resolve()
@@ -67,7 +67,7 @@ def check_writer_root(root: str | Path, what: str = "the folder") -> None:
 @contextmanager
 def owning(root: str | Path, what: str = "the folder") -> Iterator[Path]:
     """The block writes `root` (module doc); yields it resolved."""
-    check_writer_root(root, what)
+    _check_root(root, what)
     resolved = Path(root).expanduser().resolve()
     _owned.append(resolved)
     try:

@@ -24,8 +24,8 @@ from tqdm.auto import tqdm
 
 from common.errors import UserError
 from common.json_file import read_bounded
-from training.config import RunConfig, config_as_dict
 from common.writes import append_text, write_file
+from training.config import RunConfig, config_as_dict
 from training.run_dir import could_not_write
 
 RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")  # what wandb makes (8 lowercase letters and digits), and ours

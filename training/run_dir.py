@@ -33,20 +33,15 @@ from common.paths import RUN_LOCK
 LOCK_FILE = RUN_LOCK  # what common/paths.py recognises a run by
 
 
-
-def write_error(path: str | Path, out_dir: str | Path, e: OSError) -> UserError:
-    reason = e.strerror or " ".join(str(e).split()) or type(e).__name__
-    return UserError(f"could not write '{path}' ({reason}); the last good checkpoint in '{out_dir}' is intact. "
-                     f"Free disk space or fix permissions of '{out_dir}' (a file where a folder belongs?)")
-
-
 @contextmanager
 def could_not_write(path: str | Path, out_dir: str | Path) -> Iterator[None]:
-    """Turn an OSError raised inside the block (writing `path`) into the one-line UserError above."""
+    """Turn an OSError raised inside the block (writing `path`) into one line naming it (module doc)."""
     try:
         yield
     except OSError as e:
-        raise write_error(path, out_dir, e) from None
+        reason = e.strerror or " ".join(str(e).split()) or type(e).__name__
+        raise UserError(f"could not write '{path}' ({reason}); the last good checkpoint in '{out_dir}' is intact. "
+                        f"Free disk space or fix permissions of '{out_dir}' (a file where a folder belongs?)") from None
 
 
 def _unwritable(out_dir: Path, e: OSError) -> UserError:
