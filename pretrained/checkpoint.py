@@ -131,9 +131,10 @@ def _identity(folder: Path) -> tuple[int, int, int | None] | None:
     return st.st_dev, st.st_ino, config_inode
 
 
-def read_config(directory: str | Path) -> dict[str, Any]:
+def read_config(directory: str | Path, check_memory: bool = True) -> dict[str, Any]:
     """The checkpoint's config.json payload, checked (module doc): a `model` section that makes a valid
-    ModelConfig of a model that fits in this machine's memory. Anything else raises CheckpointError."""
+    ModelConfig of a model that fits in this machine's memory (check_memory False: a caller that builds only a
+    model it has checked itself, of the same shape, as a resume does). Anything else raises CheckpointError."""
     path = Path(directory) / CONFIG_FILE
     if not path.is_file():
         raise CheckpointError(f"no {CONFIG_FILE} in '{directory}': not a checkpoint folder")
@@ -150,7 +151,8 @@ def read_config(directory: str | Path) -> dict[str, Any]:
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"'{path}' is corrupted or not an attngpt config ({type(e).__name__}: {e})") from None
     try:  # host memory: every loader builds the model there first
-        check_fits_in_memory(config, "cpu", source=f"'{path}'")
+        if check_memory:
+            check_fits_in_memory(config, "cpu", source=f"'{path}'")
     except UserError as e:
         raise CheckpointError(str(e)) from None
     return payload

@@ -230,15 +230,16 @@ def bf16_matmul_ratio(device: torch.device, size: int = 512, reps: int = 4, roun
     return seconds[torch.float32] / seconds[torch.bfloat16]
 
 
-def fused_attention_timings(config: Any, batch_size: int, seq_len: int, dtype: str,
+def fused_attention_timings(model: nn.Module, batch_size: int, seq_len: int, dtype: str,
                             device: torch.device) -> dict[str, float]:
     """ms per call of one layer's fused attention, forward and backward, at the run's shape (batch_size x
-    seq_len, the model's heads, kv heads and head_dim) under `dtype` autocast: on q, k, v in `dtype` as the
+    seq_len, `model`'s heads, kv heads and head_dim) under `dtype` autocast: on q, k, v in `dtype` as the
     kernel gets them ("{dtype} attention"), and on float32 copies (FLOAT32_ATTENTION); timed in turn as the
     training steps are (_time_rounds). Why: CPU flash attention's bfloat16 backward ran slower than its
     float32 one at head_dim 32 (GQA 4/2, block 256: 65 against 44 ms a step of small.yaml), which no
     whole-step comparison of dtypes can separate from the matmuls, where bfloat16 wins."""
     from model.gpt import fused_attention
+    config = model.config
     gen = torch.Generator(device=device).manual_seed(0)
     amp = DTYPES[dtype]
 
@@ -373,7 +374,7 @@ def choose(timed: tuple[nn.Module, Optimizers, tuple[torch.Tensor, torch.Tensor]
         if dtype_setting == "auto" and lower and _fused_model(model):
             # the kernel's precision first, so that the bfloat16 steps are timed with the faster kernel: timed
             # with the slower one, a CPU's bfloat16 steps once read 1.03x float32 and the run trained in float32
-            timed = fused_attention_timings(model.config, x.size(0), x.size(1), lower[0], device)
+            timed = fused_attention_timings(model, x.size(0), x.size(1), lower[0], device)
             name = f"{lower[0]} attention"
             attention = compare(timed, name, unit="ms/call")
             model.set_fused_attention_float32(attention.kept == FLOAT32_ATTENTION)  # before any compile

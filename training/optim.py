@@ -8,6 +8,7 @@ biases, which Muon is not meant for.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,13 +22,15 @@ from training.muon import Muon
 class Optimizers:
     """One or two torch optimizers stepped together, with a shared schedule and one state dict."""
 
-    def __init__(self, optimizers: list[torch.optim.Optimizer]):
-        self.optimizers = optimizers
+    def __init__(self, optimizers: list[torch.optim.Optimizer], schedule: "Schedule"):
+        self.optimizers, self.schedule = optimizers, schedule
         for opt in optimizers:
             for group in opt.param_groups:
                 group["peak_lr"] = group["lr"]
 
-    def set_lr_factor(self, factor: float) -> None:
+    def set_step(self, step: int) -> None:
+        """Every group's learning rate for `step` (0-based): its peak times the schedule's factor."""
+        factor = self.schedule.factor(step)
         for opt in self.optimizers:
             for group in opt.param_groups:
                 group["lr"] = group["peak_lr"] * factor
@@ -89,8 +92,9 @@ def build_optimizers(model: nn.Module, cfg: TrainConfig) -> Optimizers:
     embeddings = [p for name, p in params.items() if name.startswith(EMBEDDING_TABLES)]
     decay = [p for name, p in params.items() if p.dim() >= 2 and not name.startswith(EMBEDDING_TABLES)]
     no_decay = [p for p in params.values() if p.dim() < 2]
+    schedule = Schedule.of(cfg)
     if cfg.optimizer == "adamw":
-        return Optimizers([adamw(embeddings, decay, no_decay, cfg)])
+        return Optimizers([adamw(embeddings, decay, no_decay, cfg)], schedule)
     # Muon: 2-D weights inside the blocks (not the embedding tables or the LM head), grouped by how their rows
     # split into fused parts
     model_config: ModelConfig = model.config
@@ -102,7 +106,7 @@ def build_optimizers(model: nn.Module, cfg: TrainConfig) -> Optimizers:
     rest_decay = [p for p in decay if id(p) not in hidden_ids]
     muon = Muon([{"params": group, "splits": splits} for splits, group in by_splits.items()], lr=cfg.muon_lr,
                 momentum=cfg.muon_momentum, weight_decay=cfg.weight_decay)
-    return Optimizers([muon, adamw(embeddings, rest_decay, no_decay, cfg)])
+    return Optimizers([muon, adamw(embeddings, rest_decay, no_decay, cfg)], schedule)
 
 
 def adamw(embeddings: list[nn.Parameter], decay: list[nn.Parameter], no_decay: list[nn.Parameter],
@@ -122,26 +126,45 @@ def adamw(embeddings: list[nn.Parameter], decay: list[nn.Parameter], no_decay: l
         return torch.optim.AdamW(param_groups, foreach=True, **kwargs)
 
 
-def lr_factor(step: int, cfg: TrainConfig) -> float:
-    """Multiplier of the peak learning rate at `step` (0-based): linear warmup, then cfg.lr_schedule down to
-    min_lr at lr_decay_iters (default max_iters), min_lr after it.
+@dataclass(frozen=True)
+class Schedule:
+    """The learning-rate schedule as a multiplier of the peak rate, settled once from the `train:` section
+    (`of`): linear warmup, then `kind` down to min_factor at decay_iters (default max_iters), min_factor after.
 
-    cosine: half a cosine from the warmup's end to lr_decay_iters. wsd: the peak held until the last
-    cooldown_frac of the steps before lr_decay_iters, then a straight line down (the cooldown, never shorter
-    than one step, and never starting inside the warmup).
+    cosine: half a cosine from the warmup's end to decay_iters. wsd: the peak held until cooldown_start, the last
+    cooldown_frac of the steps before decay_iters, then a straight line down (the cooldown, never shorter than one
+    step, and never starting inside the warmup).
     Warmup starts at 1/warmup_iters of the peak, never at 0 (a step at lr 0 is a wasted step).
     """
-    decay_iters = cfg.lr_decay_iters or cfg.max_iters
-    min_factor = (cfg.min_lr if cfg.min_lr is not None else cfg.lr / 10) / cfg.lr
-    if step < cfg.warmup_iters:
-        return (step + 1) / cfg.warmup_iters
-    if step >= decay_iters:
-        return min_factor
-    if cfg.lr_schedule == "wsd":
+
+    kind: str  # "cosine" | "wsd"
+    warmup_iters: int
+    decay_iters: int
+    min_factor: float  # min_lr / lr
+    cooldown_start: int  # wsd only
+
+    @classmethod
+    def of(cls, cfg: TrainConfig) -> "Schedule":
+        decay_iters = cfg.lr_decay_iters or cfg.max_iters
+        min_factor = (cfg.min_lr if cfg.min_lr is not None else cfg.lr / 10) / cfg.lr
         cooldown_start = max(cfg.warmup_iters, decay_iters - max(1, round(cfg.cooldown_frac * decay_iters)))
-        if step < cooldown_start:
-            return 1.0
-        progress = (step - cooldown_start) / max(1, decay_iters - cooldown_start)
-        return 1.0 - progress * (1.0 - min_factor)
-    progress = (step - cfg.warmup_iters) / max(1, decay_iters - cfg.warmup_iters)
-    return min_factor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (1.0 - min_factor)
+        return cls(cfg.lr_schedule, cfg.warmup_iters, decay_iters, min_factor, cooldown_start)
+
+    def factor(self, step: int) -> float:
+        """Multiplier of the peak learning rate at `step` (0-based)."""
+        if step < self.warmup_iters:
+            return (step + 1) / self.warmup_iters
+        if step >= self.decay_iters:
+            return self.min_factor
+        if self.kind == "wsd":
+            if step < self.cooldown_start:
+                return 1.0
+            progress = (step - self.cooldown_start) / max(1, self.decay_iters - self.cooldown_start)
+            return 1.0 - progress * (1.0 - self.min_factor)
+        progress = (step - self.warmup_iters) / max(1, self.decay_iters - self.warmup_iters)
+        return self.min_factor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (1.0 - self.min_factor)
+
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """The schedule's multiplier of the peak learning rate at `step` (0-based) for the `train:` section `cfg`."""
+    return Schedule.of(cfg).factor(step)

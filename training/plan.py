@@ -33,7 +33,7 @@ from data.tokenizer import stored_tokenizer
 from model.config import ModelConfig
 from model.gpt import GPT
 from pretrained.load import Pretrained
-from pretrained.memory import BYTES_FP32, TRAINING_BYTES_PER_PARAM, check_fits_in_memory
+from pretrained.memory import BYTES_FP32, TRAINING_BYTES_PER_PARAM, check_fits_in_memory, param_count
 from training.autotune import Choice, decide_precision
 from training.checkpoint import LATEST
 from training.config import RunConfig
@@ -80,11 +80,12 @@ def resolve_run(cfg: RunConfig, rt: Runtime, say: Callable[[str], None] | None =
     prepared = _prepare(cfg, rt, source, shape.block_size)
     model_config = shape if source is not None else with_vocab_size(cfg, shape, prepared.tokenizer.vocab_size)
     check_memory(model_config, rt, cfg.train.parallel == "fsdp")
+    n_params = param_count(model_config)  # GPT(model_config).num_params(), from the config alone
     tokenizer_spec, files = stored_tokenizer(prepared.tokenizer)
     extra = {"tokenizer": tokenizer_spec, "data": data_fingerprint(prepared)}
     resume_point = (read_resume_point(latest, out_dir, model_config, extra, cfg.train, rt.world_size)
                     if latest is not None else None)
-    for line in describe(cfg, rt, source if latest is None else None, model_config, prepared):
+    for line in describe(cfg, rt, source if latest is None else None, model_config, prepared, n_params):
         say(line)
     # steps_left: a resume reuses its saved choice; one whose choice was lost measures as for the whole run
     choice, precision = decide_precision(cfg, rt, _timing_run(cfg, rt, model_config, prepared),
@@ -131,20 +132,25 @@ def _prepare(cfg: RunConfig, rt: Runtime, source: Pretrained | None, block_size:
 
 
 def check_memory(model_config: ModelConfig, rt: Runtime, sharded: bool) -> None:
-    """Refuse, before allocating, a model whose training state cannot fit: under FSDP the whole model is built
-    on the CPU first, then each process keeps 1/world_size of the weights, gradients and AdamW moments."""
+    """Refuse, before allocating, a model whose training state cannot fit: the model is built (and a resume's
+    weights read) on the CPU first, whole, then moved to the device; under FSDP each process then keeps
+    1/world_size of the weights, gradients and AdamW moments. The run's one memory check: a resume reads its
+    checkpoint's config without one of its own (training/resume.py)."""
     if sharded:
         check_fits_in_memory(model_config, "cpu", BYTES_FP32, source="this run's config",
                              what="its weights, built whole before sharding")
+    elif rt.device.type != "cpu":  # on a CPU the training state's check below covers the weights
+        check_fits_in_memory(model_config, "cpu", BYTES_FP32, source="this run's config",
+                             what="its weights, built on the CPU before they move to the device")
     per_param = max(1, TRAINING_BYTES_PER_PARAM // rt.world_size) if sharded else TRAINING_BYTES_PER_PARAM
     check_fits_in_memory(model_config, rt.device, per_param, source="this run's config",
                          what="its weights, gradients and AdamW moments")
 
 
 def describe(cfg: RunConfig, rt: Runtime, source: Pretrained | None, model_config: ModelConfig,
-             prepared: PreparedData) -> list[str]:
+             prepared: PreparedData, n_params: int) -> list[str]:
     """The lines that say what is trained, before anything is timed: where its weights come from (`source`,
-    for a fresh start from it), its shape, data and device."""
+    for a fresh start from it), its shape and `n_params` parameters, data and device."""
     lines = []
     if source is not None:
         full = source.config.block_size
@@ -152,8 +158,6 @@ def describe(cfg: RunConfig, rt: Runtime, source: Pretrained | None, model_confi
                    if model_config.block_size < full else "")
         lines.append(f"starting from the weights of {cfg.train.init_from} ({source.kind} checkpoint), with a fresh "
                      f"optimizer and schedule; tokenizer {source.tokenizer!r}{context}")
-    with torch.device("meta"):  # a parameter count, nothing allocated
-        n_params = GPT(model_config).num_params()
     lines.append(f"model: {n_params / 1e6:.2f}M parameters, {model_config.n_layer} layers, "
                  f"{model_config.n_head} heads ({model_config.n_kv_head} kv), d_model {model_config.d_model}, "
                  f"block {model_config.block_size}; data: {prepared.train_tokens:,} train / "

@@ -147,7 +147,8 @@ def read_resume_point(latest: Path, out_dir: Path, model_config: ModelConfig, ex
     model and optimizers of that config built on the meta device, so nothing of the run is allocated yet. A
     checkpoint that does not fit is a UserError; nothing is loaded into anything."""
     try:
-        saved = read_config(latest)
+        # its memory: the plan checked the run's model_config, which the checkpoint's must equal (check_same_model)
+        saved = read_config(latest, check_memory=False)
         check_same_data(saved, extra, out_dir)  # first: other data (a tokenizer of another size) explains a
         check_same_model(saved, model_config, out_dir)  # vocab_size that differs better than the shape does
         if train_cfg.parallel == "fsdp":

@@ -28,7 +28,7 @@ from training.config import RunConfig, config_to_yaml
 from training.dist_checkpoint import save_sharded
 from training.evaluate import evaluate
 from training.logger import RunLogger
-from training.optim import Optimizers, build_optimizers, lr_factor
+from training.optim import Optimizers, build_optimizers
 from training.parallel import MonitorFollower, agreed_stop, is_sharded, shard_model
 from training.plan import RunPlan, resolve_run
 from training.resume import resume, resume_sharded
@@ -253,7 +253,7 @@ def train_step(run: Run, step: int) -> tuple[float | None, float]:
     non-finite one and train.nonfinite=skip skipped it. With nonfinite=stop such a step raises UserError
     before the weights change."""
     tc, rt, result = run.cfg.train, run.rt, run.result
-    run.optimizers.set_lr_factor(lr_factor(step, tc))
+    run.optimizers.set_step(step)
     loss_sum, grad_norm = accumulate_gradients(run.model, run.raw_model, run.loader.next_batch, rt, tc, run.scaler,
                                                run.optimizers)
     if rt.ddp:  # the mean over processes (SUM, then divide: gloo takes ReduceOp.AVG only from PyTorch 2.6)

@@ -106,7 +106,7 @@ class ScriptedAttention(ScriptedSteps):
         super().__init__(monkeypatch, durations)
         self.attention_calls = []
 
-        def timings(config, batch_size, seq_len, dtype, device):
+        def timings(model, batch_size, seq_len, dtype, device):
             self.attention_calls.append((batch_size, seq_len, dtype))
             self.events.append("attention timed")
             return dict(attention_ms)
@@ -170,7 +170,7 @@ def test_the_bfloat16_steps_are_timed_with_the_kernel_chosen(monkeypatch):
 
 
 def test_the_real_timing_names_both_kernels_with_positive_times():
-    timed = autotune.fused_attention_timings(sdpa_model().config, 2, 16, "bfloat16", torch.device("cpu"))
+    timed = autotune.fused_attention_timings(sdpa_model(), 2, 16, "bfloat16", torch.device("cpu"))
     assert set(timed) == {"bfloat16 attention", "float32 attention"}
     assert all(math.isfinite(ms) and ms > 0 for ms in timed.values())
 

@@ -32,7 +32,7 @@ def test_the_model_line_says_the_shape_data_device_autocast_and_processes(tmp_pa
                                                                           tail):
     cfg = tiny_config(tmp_path, "model.vocab_size=65", *([f"train.parallel={parallel}"] if parallel else []))
     rt = Runtime(device=torch.device("cpu"), autocast_dtype=autocast, world_size=world_size)
-    assert describe(cfg, rt, None, cfg.model, PREPARED) == [_model_line(cfg, param_count(cfg.model), tail)]
+    assert describe(cfg, rt, None, cfg.model, PREPARED, param_count(cfg.model)) == [_model_line(cfg, param_count(cfg.model), tail)]
 
 
 @pytest.mark.parametrize("block_size, cropped", [(32, ""), (16, "; context cropped to 16 of its 32")])
@@ -41,7 +41,8 @@ def test_a_fresh_start_from_a_source_says_where_its_weights_come_from_first(tmp_
     source = types.SimpleNamespace(config=dataclasses.replace(cfg.model, block_size=32), kind="attngpt",
                                    tokenizer="CharTokenizer(65)")
     shape = dataclasses.replace(source.config, block_size=block_size)
-    lines = describe(cfg, Runtime(device=torch.device("cpu"), autocast_dtype=None), source, shape, PREPARED)
+    lines = describe(cfg, Runtime(device=torch.device("cpu"), autocast_dtype=None), source, shape, PREPARED,
+                     param_count(shape))
     assert lines[0] == ("starting from the weights of /models/src (attngpt checkpoint), with a fresh optimizer and "
                         f"schedule; tokenizer 'CharTokenizer(65)'{cropped}")
     assert len(lines) == 2 and lines[1].startswith(f"model: {param_count(shape) / 1e6:.2f}M parameters")
@@ -111,3 +112,31 @@ def test_a_model_started_from_a_source_has_its_shape_with_this_configs_free_keys
     assert model_shape(cfg, source) == dataclasses.replace(source.config, block_size=16, attn_impl="manual",
                                                            dropout=0.1)
     assert model_shape(cfg, None) == cfg.model
+
+
+def test_the_model_line_of_a_resolved_run_counts_the_parameters_of_the_model_it_builds(tmp_path):
+    """resolve_run counts parameters from the config alone; the count printed is that of the GPT the run builds
+    (to the line's two decimals of millions: a model of ~1.7M parameters, so that a miscount shows)."""
+    from model.gpt import GPT
+    from training.plan import resolve_run
+    cfg = tiny_config(tmp_path / "run", "model.d_model=128", "model.n_layer=8", "train.max_iters=1")
+    lines = []
+    plan = resolve_run(cfg, Runtime(device=torch.device("cpu"), autocast_dtype=None), say=lines.append)
+    n_params = GPT(plan.model_config).num_params()
+    assert n_params > 1e6 and lines[0].startswith(f"model: {n_params / 1e6:.2f}M parameters")
+
+
+def test_a_run_on_another_device_is_refused_when_the_cpu_cannot_hold_its_weights_first(tmp_path, monkeypatch):
+    """The model is built (and a resume's weights read) on the CPU, then moved: a device with room is not
+    enough when the CPU lacks the weights' 4 bytes a parameter. The CPU is given exactly that, then one byte
+    less."""
+    cfg = tiny_config(tmp_path, "model.vocab_size=65")
+    rt = Runtime(device=torch.device("cuda"), autocast_dtype=None)
+    host = _needed(cfg.model, 4)
+    monkeypatch.setattr(memory, "device_memory", lambda device: host if str(device) == "cpu" else 10**15)
+    check_memory(cfg.model, rt, sharded=False)
+    monkeypatch.setattr(memory, "device_memory", lambda device: host - 1 if str(device) == "cpu" else 10**15)
+    with pytest.raises(UserError) as e:
+        check_memory(cfg.model, rt, sharded=False)
+    assert f"its weights, built on the CPU before they move to the device would need {memory.human_bytes(host)}" \
+        in str(e.value)

@@ -166,6 +166,27 @@ def test_a_checkpoint_of_another_model_or_other_data_is_refused_in_one_line(tmp_
     assert {p.name: p.read_bytes() for p in (out / LATEST).iterdir()} == before
 
 
+@pytest.mark.parametrize("key, value", [("n_layer", 10**7), ("d_model", 10**9), ("vocab_size", 10**12)])
+def test_a_checkpoint_whose_config_claims_a_model_beyond_memory_is_another_model_and_nothing_is_built(
+        tmp_path, trained, monkeypatch, key, value):
+    """A resume reads latest/config.json without a memory check of its own: the run's plan has checked the model
+    it builds, and the checkpoint's must be that one. A config claiming a huge model is refused as a different
+    model, in one line, before any model is built."""
+    import json
+    import model.gpt as gpt
+    from common.errors import UserError
+    from tests.helpers import fresh_copy
+    out, _ = fresh_copy(trained, tmp_path)
+    config = out / LATEST / "config.json"
+    payload = json.loads(config.read_text())
+    payload["model"][key] = value
+    config.write_text(json.dumps(payload))
+    monkeypatch.setattr(gpt.GPT, "__init__", lambda *a, **k: pytest.fail("a model was built"))
+    with pytest.raises(UserError) as e:
+        train(tiny_config(out, "train.max_iters=4", *QUIET))
+    assert f"holds a checkpoint of a different model ({key} {value!r} vs" in str(e.value)
+
+
 def test_a_resume_continues_the_count_of_skipped_steps(tmp_path, monkeypatch):
     """train.nonfinite=skip: the steps skipped before a checkpoint still count after the resume."""
     from model.gpt import GPT as Model
