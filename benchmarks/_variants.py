@@ -46,15 +46,6 @@ class Variant:
     error: str | None = None
     last_loss: float = math.nan
 
-    @property
-    def is_reference(self) -> bool:
-        """The baseline every speed ratio is taken against."""
-        return self.name == "nanogpt"
-
-    @property
-    def is_baseline(self) -> bool:
-        return self.preset is None
-
 
 def parse_variants(text: str, with_compile: bool) -> list[Variant]:
     if text == "all":
@@ -67,11 +58,8 @@ def parse_variants(text: str, with_compile: bool) -> list[Variant]:
     if with_compile and text in ("all", "default"):
         names += [f"{n}-compile" for n in names if n not in BASELINES and not n.endswith("-auto")
                   and f"{n}-compile" not in names]
-    variants, seen = [], set()
-    for name in names:
-        if name in seen:
-            continue
-        seen.add(name)
+    variants = []
+    for name in dict.fromkeys(names):  # each name once, in order
         if name in BASELINES:
             variants.append(Variant(name))
             continue
@@ -92,10 +80,7 @@ def parse_variants(text: str, with_compile: bool) -> list[Variant]:
 
 def kv_heads_for_gqa(n_head: int) -> int:
     """n_head/2 when it divides n_head (GQA, two query heads per key/value head), else the largest divisor below."""
-    for kv in range(max(1, n_head // 2), 0, -1):
-        if n_head % kv == 0:
-            return kv
-    return 1
+    return next(kv for kv in range(max(1, n_head // 2), 0, -1) if n_head % kv == 0)
 
 
 def model_config(preset: str, attn: str, args: argparse.Namespace) -> ModelConfig:

@@ -6,33 +6,25 @@ ablation_dloss re-runs only the layers from the ablated one on (the residual str
 and ablates a layer's heads side by side in one batch. This times it, and the naive way in the same run:
 one full forward pass per head (GPT.forward with a HeadPatch on the head's layer), for --naive-heads heads
 spread over the layers (per-head cost does not depend on the layer), scaled to all heads. The two must
-agree on those heads' delta loss (checked to 1e-5, printed).
+agree on those heads' delta loss (checked to 1e-5, printed). Random weights (GPT-2 initialisation), float32,
+batch 1, random tokens.
 
     python benchmarks/ablation_speed.py [--tokens 256] [--threads 2] [--mode zero] [--attn-impl manual]
                                         [--heads-per-pass N] [--naive-heads 24] [--bf16] [--rounds 1] [--no-save]
-
-Random weights (GPT-2 initialisation), float32, batch 1, random tokens. Prints a table and appends a dated
-section (machine, CPU flags, load, command) to benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-import time
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE)]  # the repository (model/, insight/) and benchmarks/
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-import _report  # noqa: E402
-from common.errors import ArgumentParser, UserError, user_errors_exit  # noqa: E402
-from insight.ablation import ablation_dloss  # noqa: E402
-from model import GPT, ModelConfig  # noqa: E402
-from model.gpt import HeadPatch  # noqa: E402
+import _report
+from common.errors import ArgumentParser, UserError, user_errors_exit
+from insight.ablation import ablation_dloss
+from model import GPT, ModelConfig
+from model.gpt import HeadPatch
 
 
 def gpt2_small(block_size: int, attn_impl: str) -> GPT:
@@ -85,7 +77,7 @@ def main() -> None:
                         help="also time ablation_dloss on a bfloat16 copy of the model, and its largest deviation "
                              "from the float32 result")
     parser.add_argument("--rounds", type=int, default=1, help="timed calls of ablation_dloss (median reported)")
-    parser.add_argument("--no-save", action="store_true", help="do not append to benchmarks/RESULTS.md")
+    _report.save_flags(parser)
     args = parser.parse_args()
     with user_errors_exit("ablation_speed"):
         if args.tokens < 2 or args.threads < 1 or args.rounds < 1 or not 0 <= args.naive_heads <= 144:
@@ -101,12 +93,9 @@ def run(args: argparse.Namespace) -> None:
     n_layer, n_head = model.config.n_layer, model.config.n_head
     with torch.no_grad():
         model(idx)  # warm-up: first-call dispatch, allocator
-    seconds = []
-    for _ in range(args.rounds):
-        start = time.perf_counter()
-        dloss = ablation_dloss(model, idx, args.mode, heads_per_pass=args.heads_per_pass)
-        seconds.append(time.perf_counter() - start)
-    fast = statistics.median(seconds)
+    calls = [_report.timed(lambda: ablation_dloss(model, idx, args.mode, heads_per_pass=args.heads_per_pass))
+             for _ in range(args.rounds)]
+    fast, dloss = statistics.median(seconds for seconds, _ in calls), calls[-1][1]
     rows = ["| method | heads timed | seconds (measured) | seconds for all 144 heads | vs naive |",
             "|---|---:|---:|---:|---:|"]
     naive_all = None
@@ -114,9 +103,7 @@ def run(args: argparse.Namespace) -> None:
     if args.naive_heads:
         # spread over layers and heads: layer k % n_layer, head (k * 5) % n_head
         heads = [(k % n_layer, (k * 5) % n_head) for k in range(args.naive_heads)]
-        start = time.perf_counter()
-        naive = naive_dloss(model, idx, heads, args.mode)
-        naive_s = time.perf_counter() - start
+        naive_s, naive = _report.timed(lambda: naive_dloss(model, idx, heads, args.mode))
         naive_all = naive_s * (n_layer * n_head) / len(heads)
         worst = max(abs(naive[h] - dloss[h]) for h in heads)
         agreement = f"largest |delta loss difference| over the naive heads: {worst:.2e} nats"
@@ -125,9 +112,8 @@ def run(args: argparse.Namespace) -> None:
     rows.append(f"| ablation_dloss (from the ablated layer, heads batched) | 144 | {fast:.1f} | {fast:.1f} | {ratio} |")
     if args.bf16:
         half = gpt2_small(args.tokens, args.attn_impl).to(torch.bfloat16)
-        start = time.perf_counter()
-        dloss_bf16 = ablation_dloss(half, idx, args.mode, heads_per_pass=args.heads_per_pass)
-        bf16_s = time.perf_counter() - start
+        bf16_s, dloss_bf16 = _report.timed(lambda: ablation_dloss(half, idx, args.mode,
+                                                                  heads_per_pass=args.heads_per_pass))
         ratio_bf16 = f"{naive_all / bf16_s:.2f}x" if naive_all else "-"
         deviation = np.abs(dloss_bf16 - dloss).max()
         rows.append(f"| the same, model in bfloat16 (largest deviation from float32: {deviation:.2e} nats) | 144 | "
@@ -138,17 +124,12 @@ def run(args: argparse.Namespace) -> None:
     load_after = " ".join(_report.load_average().split()[-3:])
     print(f"delta loss range: {np.min(dloss):.4f} .. {np.max(dloss):.4f} nats; {machine}; "
           f"load average after the run {load_after}")
-    if args.no_save:
-        return
-    section = [f"## Head ablation at GPT-2 small's shape ({_report.timestamp()})", "",
-               f"- Machine: {machine}; {_report.cpu_bf16_support()}",
-               f"- Command: `{_report.command('ablation_speed.py')}`",
-               f"- 12 layers x 12 heads, d_model 768, vocab 50257, {args.tokens} tokens, batch 1, random weights, "
-               f"float32, attn_impl {args.attn_impl}, mode {args.mode}; ablation_dloss median of {args.rounds} "
-               f"call(s) after a warm-up; the naive row times {args.naive_heads} heads and scales to 144.",
-               f"- Load average after the run: {load_after}"
-               + (f"; {agreement}" if agreement else ""), "", *rows]
-    print(f"appended to {_report.append_section(section)}")
+    _report.save(args, "Head ablation at GPT-2 small's shape", f"{machine}; {_report.cpu_bf16_support()}",
+                 "ablation_speed.py",
+                 f"- 12 layers x 12 heads, d_model 768, vocab 50257, {args.tokens} tokens, batch 1, random weights, "
+                 f"float32, attn_impl {args.attn_impl}, mode {args.mode}; ablation_dloss median of {args.rounds} "
+                 f"call(s) after a warm-up; the naive row times {args.naive_heads} heads and scales to 144.",
+                 f"- Load average after the run: {load_after}" + (f"; {agreement}" if agreement else ""), "", *rows)
 
 
 if __name__ == "__main__":

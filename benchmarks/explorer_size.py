@@ -1,31 +1,25 @@
 """The attention explorer at GPT-2 small's shape: file size and time to interactive in headless Chromium.
 
-Why: the explorer must stay usable for 12 layers x 12 heads x 256 tokens (GPT-2 small on a paragraph):
-a file of at most 10 MB, interactive within 2 s of opening. Reported here, never asserted.
+Why: the explorer must stay usable for 12 layers x 12 heads x 256 tokens (GPT-2 small on a paragraph): a file of
+at most 10 MB, interactive within 2 s of opening. Reported here, never asserted.
 
-Model: GPT-2 small's shape (n_layer 12, n_head 12, d_model 768, head_dim 64, vocab 50304, learned
-positions, LayerNorm, GELU, biases), fp32, random weights, over 256 GPT-2 tokens of tinyshakespeare
-(random ids when the text or the tokenizer files are not on the machine). Two weight draws, because the
-size depends on how compressible the maps are:
-  - init: GPT-2's initialisation (std 0.02): near-uniform attention, the most compressible case;
-  - sharp: q and k projections scaled x`--sharpen` (default 3): peaked, varied rows like a trained model's.
-The bound for maps that would not compress at all is printed as well (8-bit weights, base64).
+Model: GPT-2 small's shape (vocab 50304, learned positions, LayerNorm, GELU, biases), fp32, random weights, over
+256 GPT-2 tokens of tinyshakespeare (random ids without the text or the tokenizer files). Two weight draws, as
+the size depends on how compressible the maps are: init, GPT-2's (std 0.02), near-uniform attention, the most
+compressible case; sharp, q and k projections x`--sharpen` (default 3), peaked, varied rows like a trained
+model's. The bound for maps that would not compress at all is printed too (8-bit weights, base64).
 
-Timings (`--reps` page loads each, median; a fresh navigation each time):
+Timings (`--reps` fresh page loads each, median):
   - interactive: performance.now() when the page has decoded the weights and drawn the head view, the
-    step-by-step panel and the statistics, its handlers in place (window.attnExplorer.readyMs, measured
-    from the start of navigation: reading and parsing the file included);
+    step-by-step panel and the statistics, its handlers in place (window.attnExplorer.readyMs, from the start
+    of navigation: reading and parsing the file included);
   - q/k/v decoded: when the step-by-step view has its float32 numbers (the page is usable before);
-  - model view drawn: when the last of the 144 small maps is drawn (they are drawn in slices after the
-    page is ready, or at once when the tab is opened first);
+  - model view drawn: when the last of the 144 small maps is drawn (in slices after the page is ready);
   - wall: from driver.get() to seeing the page ready, as the test driver sees it;
   - interactions, inside the page: clicking the last token with all 12 heads on (3,084 lines), switching
     layer, toggling value-weighted attention, opening a head in the model view.
 
     python benchmarks/explorer_size.py [--reps 5] [--tokens 256] [--sharpen 3] [--keep DIR] [--quick] [--no-save]
-
-Prints the tables and appends a dated section (machine, command, results) to benchmarks/RESULTS.md
-(not with --quick, a smoke run at a smaller shape, unless --save).
 """
 from __future__ import annotations
 
@@ -34,30 +28,24 @@ import json
 import re
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE)]  # the repository (model/, ...) and benchmarks/ (_report)
+import torch
 
-import torch  # noqa: E402
+import _report
+from insight.explorer import MAX_BYTES, ExplorerOptions, explorer_html
+from model import GPT, ModelConfig
 
-import _report  # noqa: E402
-from insight.explorer import MAX_BYTES, ExplorerOptions, explorer_html  # noqa: E402
-from model import GPT, ModelConfig  # noqa: E402
-
-TEXT_SOURCES = [HERE.parent / "data" / "cache" / "tinyshakespeare" / "input.txt",
-                HERE.parent.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"]
+TEXT_SOURCES = [_report.REPO / "data" / "cache" / "tinyshakespeare" / "input.txt",
+                _report.REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"]
 
 
 def gpt2_small(quick: bool) -> ModelConfig:
-    if quick:
-        return ModelConfig(vocab_size=50304, block_size=256, n_layer=4, n_head=4, d_model=256, pos="learned",
-                           norm="layernorm", mlp="gelu", bias=True)
-    return ModelConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, d_model=768, pos="learned",
-                       norm="layernorm", mlp="gelu", bias=True)
+    block, layers, width = (256, 4, 256) if quick else (1024, 12, 768)
+    return ModelConfig(vocab_size=50304, block_size=block, n_layer=layers, n_head=layers, d_model=width,
+                       pos="learned", norm="layernorm", mlp="gelu", bias=True)
 
 
 def paragraph(n_tokens: int) -> tuple[list[int], list[str], str]:
@@ -123,9 +111,8 @@ def measure(driver, path: Path, reps: int) -> dict[str, float]:
         while not driver.execute_script("return document.documentElement.dataset.detail === '1' && "
                                         "!!window.attnExplorer.modelViewMs"):
             time.sleep(0.005)
-        got = {"interactive_ms": driver.execute_script("return window.attnExplorer.readyMs"),
-               "qkv_decoded_ms": driver.execute_script("return window.attnExplorer.detailMs"),
-               "model_view_ms": driver.execute_script("return window.attnExplorer.modelViewMs"), "wall_ms": wall}
+        got = driver.execute_script("const a = window.attnExplorer; return {interactive_ms: a.readyMs, "
+                                    "qkv_decoded_ms: a.detailMs, model_view_ms: a.modelViewMs}") | {"wall_ms": wall}
         for name, value in driver.execute_script(INTERACT).items():
             got[name if name == "lines" else f"{name}_ms"] = value
         for name, value in got.items():
@@ -139,9 +126,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--sharpen", type=float, default=3.0, help="q/k weight scale of the 'sharp' draw")
     parser.add_argument("--keep", type=Path, help="also copy the generated pages into this folder")
-    parser.add_argument("--quick", action="store_true", help="a smaller shape, 2 loads; saves nothing unless --save")
-    parser.add_argument("--save", action="store_true")
-    parser.add_argument("--no-save", action="store_true")
+    _report.save_flags(parser, quick="a smaller shape, 2 loads; saves nothing unless --save")
     args = parser.parse_args()
     reps = 2 if args.quick else args.reps
     torch.manual_seed(0)
@@ -159,12 +144,9 @@ def main() -> None:
                     for block in model.blocks:
                         d = cfg.n_head * cfg.head_dim
                         block.attn.qkv_proj.weight[: 2 * d] *= args.sharpen  # q and k rows (MHA: n_kv_head = n_head)
-            t0 = time.perf_counter()
             internals = model.attention_internals(idx)
-            t_internals = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            html = explorer_html(internals, tokens, options=ExplorerOptions(info=f"{draw} weights", n_layer=cfg.n_layer))
-            t_build = time.perf_counter() - t0
+            options = ExplorerOptions(info=f"{draw} weights", n_layer=cfg.n_layer)
+            t_build, html = _report.timed(lambda: explorer_html(internals, tokens, options=options))
             path = Path(tmp) / f"explorer_{draw}.html"
             path.write_text(html, encoding="utf-8")
             if args.keep:
@@ -178,7 +160,7 @@ def main() -> None:
                           for L in meta["layers"]) / (cfg.n_layer * cfg.n_head)
             timing = measure(driver, path, reps)
             rows.append(dict(draw=draw, size=path.stat().st_size, weights=data_b64, detail=detail_b64, kept=kept,
-                             entropy=entropy, internals=t_internals, build=t_build, **timing))
+                             entropy=entropy, build=t_build, **timing))
     driver.quit()
 
     W, n_heads = min(args.tokens, cfg.block_size), cfg.n_layer * cfg.n_head
@@ -202,12 +184,9 @@ def main() -> None:
              f"when the head view, step-by-step panel and statistics are drawn, from the start of navigation (file "
              f"reading and parsing included); 'wall' = driver.get() until the page reports ready."]
     print("\n".join([*table, "", *inter, "", *notes]))
-    if (args.quick and not args.save) or args.no_save:
-        return
-    section = [f"## Attention explorer: file size and time to interactive ({_report.timestamp()})", "",
-               f"- Machine: {_report.machine(versions=['selenium'], torch_threads=True)}",
-               f"- Command: `{_report.command('explorer_size.py')}`", *notes, "", *table, "", *inter]
-    print(f"appended to {_report.append_section(section)}")
+    _report.save(args, "Attention explorer: file size and time to interactive",
+                 _report.machine(versions=["selenium"], torch_threads=True), "explorer_size.py", *notes, "", *table,
+                 "", *inter)
 
 
 if __name__ == "__main__":

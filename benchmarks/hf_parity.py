@@ -1,39 +1,29 @@
 """attngpt against Hugging Face transformers with identical weights, at real model shapes: logits, greedy
 tokens, and sampling speed (attngpt's KV cache vs transformers' `generate`).
 
-Why: the tests prove the conversion on tiny models on a CPU; this checks it where users run it (GPT-2 124M,
-a 1B Llama with GQA, on a GPU), and gives the speed work a like-for-like baseline. Weights are random (no
-download), with norms and biases moved off 1 and 0 and q/k/v projections scaled so that attention scores have a
-standard deviation of about 3 (peaked and position-sensitive, like a trained model's, where GPT-2's init gives
-near-uniform attention). The transformers model is built from the attngpt one in memory
-(pretrained.hf.transformers_model.to_transformers).
+Why: the tests prove the conversion on tiny models on a CPU; this checks it where users run it (GPT-2 124M, a 1B
+Llama with GQA, on a GPU), and gives the speed work a like-for-like baseline. Weights are random (no download),
+norms and biases moved off 1 and 0, q/k/v scaled for attention scores of std ~3 (peaked like a trained model's,
+where GPT-2's init gives near-uniform attention); the transformers model is built from them in memory
+(pretrained.hf.transformers_model.to_transformers). Per model: max |logit difference| in float32 (and float64,
+below 500M parameters: rounding aside, the two compute the same function) over 2 x 256 random tokens; whether
+`--new-tokens` greedy tokens are identical; tokens/s of both (greedy, batch 1, 16-token prompt, bfloat16 on a
+GPU, float32 on a CPU; median of 3). Reported, never asserted; --save appends a section to RESULTS.md.
 
     python benchmarks/hf_parity.py [--device cuda] [--models gpt2-124m,llama-1b] [--new-tokens 100] [--save]
-
-Per model: max |logit difference| in float32 (and in float64, below 500M parameters: rounding aside, the two
-compute the same function) over a batch of 2 x 256 random tokens; whether `--new-tokens`
-greedy tokens are identical; tokens/s of both (greedy, batch 1, prompt of 16 tokens, bfloat16 on a GPU,
-float32 on a CPU; median of 3). Reported, never asserted. --save appends a section to RESULTS.md.
 """
 from __future__ import annotations
 
 import argparse
 import math
-import statistics
-import sys
-import time
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE)]
+import torch
 
-import torch  # noqa: E402
-
-import _report  # noqa: E402
-from common.device import resolve_device  # noqa: E402
-from model import GPT, ModelConfig  # noqa: E402
-from model.generate import generate  # noqa: E402
-from pretrained.hf.transformers_model import to_transformers  # noqa: E402
+import _report
+from common.device import resolve_device
+from model import GPT, ModelConfig
+from model.generate import generate
+from pretrained.hf.transformers_model import to_transformers
 
 SHAPES = {
     "gpt2-124m": ModelConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, d_model=768, pos="learned",
@@ -61,26 +51,12 @@ def random_model(config: ModelConfig, device: torch.device) -> GPT:
     return model
 
 
-def timed(fn, device: torch.device, reps: int = 3) -> float:
-    out = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
-
-
 def compare(name: str, device: torch.device, new_tokens: int) -> dict[str, object]:
     model = random_model(SHAPES[name], device)
     hf = to_transformers(model, attn_implementation="sdpa")
     hf.generation_config.eos_token_id = None
     hf.generation_config.pad_token_id = 0
-    g = torch.Generator().manual_seed(1)
-    idx = torch.randint(0, model.config.vocab_size, (2, 256), generator=g).to(device)
+    idx = torch.randint(0, model.config.vocab_size, (2, 256), generator=torch.Generator().manual_seed(1)).to(device)
     with torch.no_grad():
         diff = (model(idx)[0] - hf(idx).logits).abs().max().item()
         diff64 = "-"
@@ -94,9 +70,9 @@ def compare(name: str, device: torch.device, new_tokens: int) -> dict[str, objec
     first_diff = next((i for i, (a, b) in enumerate(zip(ours[0].tolist(), theirs[0].tolist())) if a != b), None)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model, hf = model.to(dtype), hf.to(dtype)
-    t_ours = timed(lambda: generate(model, prompt, new_tokens, temperature=0.0), device)
-    t_hf = timed(lambda: hf.generate(prompt, max_new_tokens=new_tokens, do_sample=False,
-                                     attention_mask=torch.ones_like(prompt)), device)
+    t_ours = _report.median_seconds(lambda: generate(model, prompt, new_tokens, temperature=0.0), 3, device)
+    t_hf = _report.median_seconds(lambda: hf.generate(prompt, max_new_tokens=new_tokens, do_sample=False,
+                                                      attention_mask=torch.ones_like(prompt)), 3, device)
     return {"model": name, "params": f"{model.num_params() / 1e6:.0f}M", "max_logit_diff": f"{diff:.1e}",
             "fp64_diff": diff64,
             "greedy_equal": f"{same}" + ("" if same else f" (first difference at token {first_diff - 16})"),
@@ -121,7 +97,7 @@ def main() -> None:
         name = torch.cuda.get_device_name(0) if device.type == "cuda" else _report.machine()
         _report.append_section([f"## attngpt vs transformers, identical weights ({_report.timestamp()})", "",
                                 f"Machine: {name}; transformers {_report.package_version('transformers')}. "
-                                f"Command: `{_report.command('benchmarks/hf_parity.py')}`", "", *table])
+                                f"Command: `{_report.command('hf_parity.py')}`", "", *table])
 
 
 if __name__ == "__main__":

@@ -11,31 +11,22 @@ loss per step is also better loss per second. Measured on the model of a config 
 Each timing is the median over --rounds rounds, the candidates interleaved round by round.
 
     python benchmarks/muon_step.py [CONFIG] [--steps 20] [--rounds 5] [--compile] [--no-save]
-
-Prints a table and appends a dated section (machine, command, results) to benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 
 import dataclasses
-import statistics
-import sys
-import time
-from pathlib import Path
 from typing import Callable
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE)]  # the repository (model/, training/) and benchmarks/
+import torch
 
-import torch  # noqa: E402
-
-import _report  # noqa: E402
-from common.errors import ArgumentParser, UserError, user_errors_exit  # noqa: E402
-from model import GPT  # noqa: E402
-from training.config import load_run_config  # noqa: E402
-from training.muon import orthogonalize_parts  # noqa: E402
-from training.optim import build_optimizers  # noqa: E402
-from training.runtime import Runtime  # noqa: E402
-from training.step import accumulate_gradients, apply_gradients  # noqa: E402
+import _report
+from common.errors import ArgumentParser, UserError, user_errors_exit
+from model import GPT
+from training.config import load_run_config
+from training.muon import orthogonalize_parts
+from training.optim import build_optimizers
+from training.runtime import Runtime
+from training.step import accumulate_gradients, apply_gradients
 
 
 def optimizer_steps(model: GPT, cfg) -> dict[str, Callable[[], None]]:
@@ -84,16 +75,7 @@ def training_steps(cfg, compile_model: bool) -> dict[str, Callable[[], None]]:
 
 def timed(candidates: dict[str, Callable[[], None]], steps: int, rounds: int) -> dict[str, float]:
     """name -> median ms per call over `rounds` interleaved rounds of `steps` calls (after 2 warm-up calls)."""
-    for fn in candidates.values():
-        fn(), fn()
-    per_round: dict[str, list[float]] = {name: [] for name in candidates}
-    for _ in range(rounds):
-        for name, fn in candidates.items():
-            start = time.perf_counter()
-            for _ in range(steps):
-                fn()
-            per_round[name].append(1e3 * (time.perf_counter() - start) / steps)
-    return {name: statistics.median(ms) for name, ms in per_round.items()}
+    return {name: 1e3 * s for name, s in _report.interleaved(candidates, rounds, steps, warmup=2).items()}
 
 
 def main() -> None:
@@ -102,7 +84,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--compile", action="store_true", help="compile the model for the training steps")
-    parser.add_argument("--no-save", action="store_true")
+    _report.save_flags(parser)
     args = parser.parse_args()
     if args.steps < 1 or args.rounds < 1:
         raise UserError("--steps and --rounds must be >= 1")
@@ -122,14 +104,11 @@ def main() -> None:
               f"{ms / train_ms['adamw']:.2f}x |" for name, ms in train_ms.items()]
     print(f"model: {shape}")
     print("\n".join(table))
-    if not args.no_save:
-        section = [f"## Muon's cost per step, cpu ({_report.timestamp()})", "",
-                   f"- Machine: {_report.machine(torch_threads=True, extra=[_report.cpu_bf16_support()])}",
-                   f"- Command: `{_report.command('muon_step.py')}`",
-                   f"- Model: {args.config}: {shape}. Optimizer step over the blocks' matrices with fixed random "
-                   f"gradients ({args.steps} steps a round); training steps on one fixed batch "
-                   f"({max(1, args.steps // 4)} a round); {args.rounds} interleaved rounds, median.", "", *table]
-        print(f"appended to {_report.append_section(section)}")
+    _report.save(args, "Muon's cost per step, cpu",
+                 _report.machine(torch_threads=True, extra=[_report.cpu_bf16_support()]), "muon_step.py",
+                 f"- Model: {args.config}: {shape}. Optimizer step over the blocks' matrices with fixed random "
+                 f"gradients ({args.steps} steps a round); training steps on one fixed batch "
+                 f"({max(1, args.steps // 4)} a round); {args.rounds} interleaved rounds, median.", "", *table)
 
 if __name__ == "__main__":
     with user_errors_exit("muon_step.py"):

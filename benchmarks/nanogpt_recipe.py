@@ -16,21 +16,17 @@ nanoGPT's data/shakespeare_char/prepare.py).
 """
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE)]  # the repository (data/, ...) and benchmarks/
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-import _report  # noqa: E402
-from common.errors import ArgumentParser, user_errors_exit  # noqa: E402
-from nanogpt_reference import CPU_RECIPE, NANOGPT_CPU, NanoGPT, nanogpt_lr, train_step  # noqa: E402
+import _report
+from common.errors import ArgumentParser, user_errors_exit
+from nanogpt_reference import CPU_RECIPE, NANOGPT_CPU, NanoGPT, nanogpt_lr, train_step
 
 SEED = 1337
 
@@ -50,12 +46,12 @@ def prepared_bins() -> tuple[Path, Path, np.dtype]:
     """tinyshakespeare, char-level, prepared by attngpt's data pipeline (reused when already prepared)."""
     from data.prepare import prepare_data
     from training.config import load_run_config
-    prepared = prepare_data(load_run_config(HERE.parent / "configs" / "small.yaml").data, quiet=True)
+    prepared = prepare_data(load_run_config(_report.REPO / "configs" / "small.yaml").data, quiet=True)
     (train_bin,), (val_bin,) = prepared.split_paths("train"), prepared.split_paths("val")  # one shard each
     return train_bin, val_bin, prepared.dtype
 
 
-def run_recipe(iters: int = 6000, log: bool = True) -> RecipeResult:
+def run_recipe(iters: int = 6000) -> RecipeResult:
     train_bin, val_bin, dtype = prepared_bins()
     shape, r = NANOGPT_CPU, CPU_RECIPE
     torch.manual_seed(SEED)
@@ -93,9 +89,8 @@ def run_recipe(iters: int = 6000, log: bool = True) -> RecipeResult:
                                Path(ckpt_dir) / "ckpt.pt")
                 elapsed = time.perf_counter() - t0
                 result.evals.append((it, elapsed, losses["train"], losses["val"]))
-                if log:
-                    print(f"nanoGPT recipe: iter {it}, {elapsed:.1f} s, train {losses['train']:.4f}, val "
-                          f"{losses['val']:.4f}", flush=True)
+                print(f"nanoGPT recipe: iter {it}, {elapsed:.1f} s, train {losses['train']:.4f}, val "
+                      f"{losses['val']:.4f}", flush=True)
             if it == iters:
                 break
             train_step(model, optimizer, *get_batch("train"), r["grad_clip"])
@@ -113,7 +108,7 @@ def main() -> None:
     parser = ArgumentParser(prog="nanogpt_recipe", description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=6000, help="max_iters = lr_decay_iters (default 6000)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default torch's)")
-    parser.add_argument("--no-save", action="store_true", help="do not append to benchmarks/RESULTS.md")
+    _report.save_flags(parser)
     args = parser.parse_args()
     with user_errors_exit("nanogpt_recipe"):
         if args.iters < 1:
@@ -125,12 +120,9 @@ def main() -> None:
         table = recipe_table(result)
         summary = f"{args.iters} iterations in {result.seconds:.1f} s, final val loss {result.final_val:.4f}"
         print("\n".join(["", machine_line, summary, "", *table]))
-        if not args.no_save:
-            section = [f"## nanoGPT's CPU recipe on this machine ({_report.timestamp()})", "",
-                       f"- Machine: {machine_line}", f"- Command: `{_report.command('nanogpt_recipe.py')}`",
-                       f"- {summary}; seconds = wall-clock from the first iteration, evals and checkpoints "
-                       f"included.", "", *table, ""]
-            print(f"appended to {_report.append_section(section)}")
+        _report.save(args, "nanoGPT's CPU recipe on this machine", machine_line, "nanogpt_recipe.py",
+                     f"- {summary}; seconds = wall-clock from the first iteration, evals and checkpoints included.",
+                     "", *table, "")
 
 
 if __name__ == "__main__":

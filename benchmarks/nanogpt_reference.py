@@ -11,8 +11,7 @@ attngpt's model/, so that "Nx nanoGPT" compares against the recipe people actual
     for CPU tensors (the per-parameter loop); fp32; eager (its CPU command line passes --compile=False);
   - a step: loss.backward(), clip_grad_norm_(1.0), optimizer.step(), zero_grad(set_to_none=True);
   - learning rate: linear warmup then cosine decay to min_lr (its get_lr).
-`NANOGPT_CPU` is the shape and recipe of nanoGPT's README command for a CPU, `NANOGPT_CHAR` its
-shakespeare-char config's model shape.
+`NANOGPT_CPU` and `CPU_RECIPE` are the shape and recipe of nanoGPT's README command for a CPU.
 """
 from __future__ import annotations
 
@@ -35,12 +34,9 @@ class NanoShape:
 
 
 NANOGPT_CPU = NanoShape(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12)
-NANOGPT_CHAR = NanoShape(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=8)
 
-# nanoGPT's CPU recipe (README): config/train_shakespeare_char.py with --device=cpu --compile=False
-# --eval_iters=20 --log_interval=1 --block_size=64 --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128
-# --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0; lr 1e-3, min_lr 1e-4, warmup 100, beta2 0.99,
-# weight decay 0.1, eval every 250 steps.
+# nanoGPT's CPU recipe (README): config/train_shakespeare_char.py's settings with --device=cpu --compile=False
+# --eval_iters=20 --log_interval=1 --block_size=64 --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128 --dropout=0.0
 CPU_RECIPE = dict(lr=1e-3, min_lr=1e-4, warmup_iters=100, beta1=0.9, beta2=0.99, weight_decay=0.1, grad_clip=1.0,
                   eval_interval=250, eval_iters=20)
 

@@ -8,29 +8,18 @@ parameters of two attngpt models (the groups training.optim.build_optimizers mak
 --steps steps, the implementations interleaved round by round.
 
     python benchmarks/optimizer_step.py [--steps 100] [--rounds 5] [--threads N] [--no-save]
-
-Prints a table and appends a dated section (machine, command, results) to benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 
 import argparse
-import statistics
-import sys
-import time
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE)]  # the repository (model/, training/) and benchmarks/
+import torch
 
-import torch  # noqa: E402
+import _report
+from common.errors import ArgumentParser, UserError, user_errors_exit
+from model import GPT, ModelConfig
 
-import _report  # noqa: E402
-from common.errors import ArgumentParser, UserError, user_errors_exit  # noqa: E402
-from model import GPT, ModelConfig  # noqa: E402
-
-# (name, ModelConfig): configs/small.yaml's shape (also train_throughput.py's nanoGPT CPU shape) with
-# ModelConfig's defaults otherwise (GELU, LayerNorm, learned positions: not small.yaml's SwiGLU/RMSNorm/RoPE),
-# and nanoGPT's shakespeare-char GPU shape, 14x the parameters
+# (name, ModelConfig): a 4 x 128 model with GQA (once small.yaml's shape) and nanoGPT's shakespeare-char GPU shape
 SHAPES = (
     ("4 x 128, GQA 4/2 (ModelConfig defaults: GELU, LayerNorm, learned positions)",
      ModelConfig(vocab_size=65, block_size=128, n_layer=4, n_head=4, n_kv_head=2, d_model=128)),
@@ -54,19 +43,12 @@ def optimizers_for(model: GPT) -> dict[str, torch.optim.AdamW]:
     return out
 
 
-def time_steps(opt: torch.optim.Optimizer, steps: int) -> float:
-    start = time.perf_counter()
-    for _ in range(steps):
-        opt.step()
-    return (time.perf_counter() - start) / steps
-
-
 def main() -> None:
     parser = ArgumentParser(prog="optimizer_step", description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100, help="optimizer steps per round")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (the median is reported)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    parser.add_argument("--no-save", action="store_true", help="do not append to benchmarks/RESULTS.md")
+    _report.save_flags(parser)
     args = parser.parse_args()
     with user_errors_exit("optimizer_step"):
         if args.steps < 1 or args.rounds < 1:
@@ -81,26 +63,16 @@ def run(args: argparse.Namespace) -> None:
     for label, cfg in SHAPES:
         torch.manual_seed(0)
         model = GPT(cfg)
-        optimizers = optimizers_for(model)
-        for opt in optimizers.values():  # warm-up: state allocation, first-call dispatch
-            time_steps(opt, 5)
-        seconds: dict[str, list[float]] = {name: [] for name in optimizers}
-        for _ in range(args.rounds):
-            for name, opt in optimizers.items():
-                seconds[name].append(time_steps(opt, args.steps))
-        median = {name: statistics.median(values) for name, values in seconds.items()}
-        for name in optimizers:
+        steps = {name: opt.step for name, opt in optimizers_for(model).items()}
+        median = _report.interleaved(steps, args.rounds, args.steps, warmup=5)  # warm-up: state, first-call dispatch
+        for name in steps:
             rows.append(f"| {label} | {model.num_params():,} | {len(list(model.parameters()))} | {name} | "
                         f"{1e3 * median[name]:.2f} | {median['for-loop'] / median[name]:.1f}x |")
     print("\n".join(rows))
-    if args.no_save:
-        return
-    section = [f"## AdamW step: fused vs foreach vs for-loop ({_report.timestamp()})", "",
-               f"- Machine: {_report.machine(torch_threads=True)}",
-               f"- Command: `{_report.command('optimizer_step.py')}`",
-               f"- One `optimizer.step()` over the model's parameters (two groups, decay on 2-D weights), fixed random "
-               f"gradients; median over {args.rounds} interleaved rounds of {args.steps} steps.", "", *rows]
-    print(f"appended to {_report.append_section(section)}")
+    _report.save(args, "AdamW step: fused vs foreach vs for-loop", _report.machine(torch_threads=True),
+                 "optimizer_step.py", f"- One `optimizer.step()` over the model's parameters (two groups, decay on "
+                 f"2-D weights), fixed random gradients; median over {args.rounds} interleaved rounds of {args.steps} "
+                 "steps.", "", *rows)
 
 
 if __name__ == "__main__":

@@ -17,26 +17,18 @@ recipe took, against the recipe's own final val loss: equal minutes, equal machi
 By default W&B is off (wandb.mode=disabled) and the run goes to a fresh temporary out_dir, deleted at the
 end (--keep keeps it); --out-dir DIR trains into DIR instead (it must not hold a checkpoint yet:
 train.resume=never, so the clock starts at step 0). Overrides on the command line come last and win.
---metrics FILE reads an existing metrics.jsonl (e.g. runs/small/metrics.jsonl) instead of training.
-
-Prints the table and appends a dated section (machine, command, config, results) to benchmarks/RESULTS.md
-unless --no-save.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE)]  # the repository (training/, ...) and benchmarks/
-
-import _report  # noqa: E402
-from common.errors import ArgumentParser, UserError, user_errors_exit  # noqa: E402
+import _report
+from common.errors import ArgumentParser, UserError, user_errors_exit
 
 DEFAULT_CONFIG = "configs/small.yaml"
 BENCH_OVERRIDES = ["wandb.mode=disabled", "train.resume=never"]  # before the user's, which win
@@ -99,7 +91,7 @@ def config_line(cfg) -> str:
 def main() -> None:
     parser = ArgumentParser(prog="quality_vs_time", description=__doc__.splitlines()[0],
                             formatter_class=argparse.RawDescriptionHelpFormatter,
-                            epilog=__doc__.split("\n\n", 2)[2].rsplit("\n\nPrints", 1)[0])
+                            epilog=__doc__.split("\n\n", 2)[2])
     parser.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help=f"YAML config (default {DEFAULT_CONFIG})")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, section.key=value (as train.py takes)")
     parser.add_argument("--out-dir", default=None, help="train into this folder, kept (default: a temporary one)")
@@ -110,7 +102,7 @@ def main() -> None:
                              "describe it; its out_dir's config.yaml is used when present)")
     parser.add_argument("--note", action="append", default=[], help="a line to add to the saved section "
                                                                     "(e.g. how the metrics were made); repeatable")
-    parser.add_argument("--no-save", action="store_true", help="do not append to benchmarks/RESULTS.md")
+    _report.save_flags(parser)
     parser.add_argument("--vs-nanogpt", type=int, nargs="?", const=6000, default=None, metavar="ITERS",
                         help="first time nanoGPT's CPU recipe (ITERS iterations, default 6000) and compare at "
                              "its wall-clock")
@@ -147,11 +139,10 @@ def main() -> None:
         else:
             from training.trainer import train
 
-            out_dir = args.out_dir
-            if out_dir is None:
+            if args.out_dir is None:
                 temp_dir = tempfile.mkdtemp(prefix="attngpt-quality-")
-                out_dir = temp_dir
-            cfg = load_run_config(args.config, [*BENCH_OVERRIDES, f"out_dir={out_dir}", *args.overrides])
+            cfg = load_run_config(args.config, [*BENCH_OVERRIDES, f"out_dir={args.out_dir or temp_dir}",
+                                                *args.overrides])
             print(f"training {args.config} into {cfg.out_dir}", flush=True)
             t0 = time.perf_counter()
             try:
@@ -182,19 +173,13 @@ def main() -> None:
             extra_tables = ["", f"nanoGPT's CPU recipe ({recipe.iters} iterations, benchmarks/nanogpt_recipe.py):",
                             "", *recipe_table(recipe)]
         print("\n".join(["", machine_line, *lines, "", *table, *extra_tables]))
-        if args.no_save:
-            return
         title = f"{args.config}" if not args.metrics else f"{metrics} ({cfg.device}, {cfg.dtype})"
-        section = [f"## Val loss vs wall-clock, {title} ({_report.timestamp()})", "",
-                   f"- Machine: {machine_line}", f"- Command: `{_report.command('quality_vs_time.py')}`",
-                   *[f"- {line}" for line in lines],
-                   "- time_s: the trainer's clock in metrics.jsonl, seconds from the logger's start (after data "
-                   "loading and the model's build, before auto's timing and compile) to the eval's end, the timing, "
-                   "compile, earlier evals, checkpoint saves and attention snapshots included. tokens seen = "
-                   "step x "
-                   f"{tokens_per_step:,} tokens/step.",
-                   "", *table, *extra_tables, ""]
-        print(f"appended to {_report.append_section(section)}")
+        _report.save(args, f"Val loss vs wall-clock, {title}", machine_line, "quality_vs_time.py",
+                     *[f"- {line}" for line in lines],
+                     "- time_s: the trainer's clock in metrics.jsonl, seconds from the logger's start (after data "
+                     "loading and the model's build, before auto's timing and compile) to the eval's end, the "
+                     "timing, compile, earlier evals, checkpoint saves and attention snapshots included. tokens "
+                     f"seen = step x {tokens_per_step:,} tokens/step.", "", *table, *extra_tables, "")
 
 
 def versus_line(rows: list[dict], recipe) -> str:

@@ -4,66 +4,35 @@ Why: the cache is what makes long-context sampling affordable, and the issue set
 here (never asserted): at 1024 tokens of context the cached path generates >= 5x as fast as recomputing
 the window, and a cached step at position ~1000 costs <= 1.5x a step at position ~10.
 
-Model: random weights, n_layer 6, n_head 6, d_model 384, block_size 1024, GPT-2's padded vocabulary
-(50304), fused attention (attn_impl=sdpa, what configs/small.yaml trains with), fp32 on the CPU unless
---dtype / --device say otherwise; plus the same with GQA (n_kv_head 2). Timings use `model.generate.generate` itself, greedy, batch 1:
+Model: random weights, n_layer 6, n_head 6, d_model 384, block_size 1024, vocab 50304, attn_impl sdpa (what
+configs/small.yaml trains with), fp32 on the CPU unless --dtype / --device say otherwise; and the same with GQA
+(n_kv_head 2). Timings use `model.generate.generate` itself, greedy, batch 1:
   - generate tokens/s: prompt of (context - N) tokens, N new ones, so the last step sees `context` tokens;
     the wall time includes the prefill (what a user waits for); median of --reps runs.
   - ms/token at position p: with the cache, one model step (1 token at input_pos p) after a prefill of p
     tokens; without it, one forward of p + 1 tokens with last-position logits (what the no-cache path runs
     per token).
-If `transformers` is importable (optional, never a dependency), GPT2LMHeadModel.generate of the same shape
-(random weights, greedy, its own cache) runs at the same contexts as a reference.
+If `transformers` is importable, GPT2LMHeadModel.generate of the same shape (random weights, greedy, its own
+cache) runs at the same contexts as a reference.
 
     python benchmarks/sample_speed.py [--quick] [--reps 3] [--new-tokens 32] [--threads N] [--profile] [--no-save]
         [--device cpu|cuda] [--dtype float32|bfloat16]
-
-Prints the tables and appends a dated section (machine, command, results) to benchmarks/RESULTS.md
-(not with --quick, a smoke run, unless --save).
 """
 from __future__ import annotations
 
 import argparse
-import statistics
-import sys
-import time
-from pathlib import Path
+import contextlib
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE)]  # the repository (model/, ...) and benchmarks/ (_report)
+import torch
 
-import torch  # noqa: E402
-
-import _report  # noqa: E402
-from model import GPT, ModelConfig  # noqa: E402
-from common.errors import user_errors_exit  # noqa: E402
-from model.generate import generate  # noqa: E402
-from common.device import resolve_device  # noqa: E402
-from training.runtime import synchronize  # noqa: E402
+import _report
+from common.device import resolve_device
+from common.errors import user_errors_exit
+from model import GPT, ModelConfig
+from model.generate import generate
 
 CONTEXTS = (64, 256, 1024)
 POSITIONS = (10, 1000)
-
-
-def shape(n_kv_head: int | None) -> ModelConfig:
-    return ModelConfig(vocab_size=50304, block_size=1024, n_layer=6, n_head=6, n_kv_head=n_kv_head, d_model=384,
-                       attn_impl="sdpa")
-
-
-def machine() -> str:
-    return _report.machine(torch_threads=True)
-
-
-def timed(fn, reps: int, device: torch.device = torch.device("cpu")) -> float:
-    """Median wall seconds of fn() over reps runs, the device synchronized around each."""
-    seconds = []
-    for _ in range(reps):
-        synchronize(device)
-        start = time.perf_counter()
-        fn()
-        synchronize(device)
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds)
 
 
 def device_of(model: GPT) -> torch.device:
@@ -75,8 +44,21 @@ def generate_speed(model: GPT, context: int, n_new: int, use_cache: bool, reps: 
     device = device_of(model)
     prompt = torch.randint(0, model.config.vocab_size, (1, context - n_new),
                            generator=torch.Generator().manual_seed(0)).to(device)
-    seconds = timed(lambda: generate(model, prompt, n_new, temperature=0.0, use_kv_cache=use_cache), reps, device)
-    return n_new / seconds
+    return n_new / _report.median_seconds(lambda: generate(model, prompt, n_new, temperature=0.0,
+                                                           use_kv_cache=use_cache), reps, device)
+
+
+@contextlib.contextmanager
+def prefilled(model: GPT, tokens: torch.Tensor):
+    """The model's KV cache holding all of `tokens` but the last; yields a cached step's (input, input_pos)."""
+    position, device = tokens.shape[1] - 1, device_of(model)
+    model.setup_kv_cache(1, model.config.block_size)  # on the model's device, in its dtype
+    try:
+        with torch.no_grad():
+            model(tokens[:, :position], input_pos=torch.arange(position, device=device))
+        yield tokens[:, position:], torch.tensor([position], device=device)
+    finally:
+        model.clear_kv_cache()
 
 
 @torch.no_grad()
@@ -85,14 +67,9 @@ def step_latency(model: GPT, position: int, use_cache: bool, steps: int) -> floa
     vocab, device = model.config.vocab_size, device_of(model)
     tokens = torch.randint(0, vocab, (1, position + 1), generator=torch.Generator().manual_seed(1)).to(device)
     if not use_cache:
-        return 1e3 * timed(lambda: model(tokens, last_only=True), steps, device)
-    model.setup_kv_cache(1, model.config.block_size)  # on the model's device, in its dtype
-    try:
-        model(tokens[:, :position], input_pos=torch.arange(position, device=device))
-        pos = torch.tensor([position], device=device)
-        return 1e3 * timed(lambda: model(tokens[:, position:], input_pos=pos), steps, device)
-    finally:
-        model.clear_kv_cache()
+        return 1e3 * _report.median_seconds(lambda: model(tokens, last_only=True), steps, device)
+    with prefilled(model, tokens) as (last, pos):
+        return 1e3 * _report.median_seconds(lambda: model(last, input_pos=pos), steps, device)
 
 
 def hf_reference(contexts: tuple[int, ...], n_new: int, reps: int) -> tuple[list[str], str]:
@@ -116,7 +93,7 @@ def hf_reference(contexts: tuple[int, ...], n_new: int, reps: int) -> tuple[list
                                 do_sample=False, use_cache=True, pad_token_id=0)
             run()  # warm-up
             rows.append(f"| HF GPT2LMHeadModel.generate (MHA, its cache) | {context} | {n_new} | - | "
-                        f"{n_new / timed(run, reps):.1f} | - |")
+                        f"{n_new / _report.median_seconds(run, reps):.1f} | - |")
         return rows, f"transformers {transformers.__version__}: GPT2LMHeadModel, same shape, random weights."
     except Exception as e:  # an optional reference must not sink the benchmark
         return [], f"transformers {getattr(transformers, '__version__', '?')} reference failed: {type(e).__name__}: {e}"
@@ -127,24 +104,17 @@ def profile_decode(model: GPT, position: int, steps: int = 20) -> str:
     from torch.profiler import ProfilerActivity, profile
     device = device_of(model)
     tokens = torch.randint(0, model.config.vocab_size, (1, position + 1)).to(device)
-    model.setup_kv_cache(1, model.config.block_size)  # on the model's device, in its dtype
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    try:
-        with torch.no_grad():
-            model(tokens[:, :position], input_pos=torch.arange(position, device=device))
-            pos = torch.tensor([position], device=device)
-            model(tokens[:, position:], input_pos=pos)
-            with profile(activities=activities) as prof:
-                for _ in range(steps):
-                    model(tokens[:, position:], input_pos=pos)
-    finally:
-        model.clear_kv_cache()
+    with prefilled(model, tokens) as (last, pos), torch.no_grad():
+        model(last, input_pos=pos)
+        with profile(activities=activities) as prof:
+            for _ in range(steps):
+                model(last, input_pos=pos)
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="sample_speed", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smoke run: 4 new tokens, 1 rep, nothing saved")
     parser.add_argument("--reps", type=int, default=3, help="runs per setting (the median is reported)")
     parser.add_argument("--new-tokens", type=int, default=32, help="tokens generated per run")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
@@ -153,24 +123,23 @@ def main() -> None:
                         help="the models' weights and KV cache")
     parser.add_argument("--profile", action="store_true", help="also print a torch.profiler table of cached "
                                                                "decode steps at position ~1000")
-    parser.add_argument("--no-save", action="store_true", help="do not append to benchmarks/RESULTS.md")
-    parser.add_argument("--save", action="store_true", help="append to RESULTS.md even with --quick")
+    _report.save_flags(parser, quick="smoke run: 4 new tokens, 1 rep, nothing saved")
     args = parser.parse_args()
     with user_errors_exit("sample_speed"):
         device = resolve_device(args.device, setting="--device ")
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    dtype = getattr(torch, args.dtype)
     if args.threads:
         torch.set_num_threads(args.threads)
     reps, n_new, steps = (1, 4, 3) if args.quick else (args.reps, args.new_tokens, 10)
-    machine_line = machine()
-    if device.type == "cuda":
-        machine_line += f"; GPU {torch.cuda.get_device_name(device)}"
+    machine_line = _report.machine(torch_threads=True, gpu=device)
     print(machine_line)
 
     models = {}
     for name, n_kv_head in (("MHA", None), ("GQA n_kv_head=2", 2)):
         torch.manual_seed(0)
-        models[name] = GPT(shape(n_kv_head)).to(device=device, dtype=dtype).eval()
+        cfg = ModelConfig(vocab_size=50304, block_size=1024, n_layer=6, n_head=6, n_kv_head=n_kv_head, d_model=384,
+                          attn_impl="sdpa")
+        models[name] = GPT(cfg).to(device=device, dtype=dtype).eval()
     warm = torch.zeros(1, 8, dtype=torch.long, device=device)
     for model in models.values():
         generate(model, warm, 2, temperature=0.0)
@@ -222,22 +191,14 @@ def main() -> None:
     if args.profile:
         print(f"\ntorch.profiler, {models['MHA'].config.n_layer}-layer MHA, 20 cached decode steps at position "
               f"{POSITIONS[1]}:\n" + profile_decode(models["MHA"], POSITIONS[1]))
-    if args.no_save or (args.quick and not args.save):
-        return
-    command = _report.command("sample_speed.py")
-    when = _report.timestamp()
-    section = [
-        f"## Sampling speed, KV cache vs none ({when})", "",
-        f"- Machine: {machine_line}", f"- Command: `{command}`",
-        "- Model: random weights, n_layer 6, n_head 6, d_model 384, block_size 1024, vocab 50304, attn_impl sdpa, "
-        f"{args.dtype} on {device}, batch 1, greedy. tok/s = new tokens / wall time of `generate()` including "
-        "the prefill of "
-        f"(context - {n_new}) prompt tokens; median of {reps}. ms/token: one cached step at that position, or "
-        "one forward of the whole window (what the no-cache path runs per token). Both paths compute logits "
-        "for the last position only (`last_only`, since 21:40 on 2026-11-29; before, every prompt position).",
-        f"- {hf_note}", "", *speed, "", *latency, "", *size, "", *targets, "",
-    ]
-    print(f"appended to {_report.append_section(section)}")
+    _report.save(args, "Sampling speed, KV cache vs none", machine_line, "sample_speed.py",
+                 "- Model: random weights, n_layer 6, n_head 6, d_model 384, block_size 1024, vocab 50304, attn_impl "
+                 f"sdpa, {args.dtype} on {device}, batch 1, greedy. tok/s = new tokens / wall time of `generate()` "
+                 f"including the prefill of (context - {n_new}) prompt tokens; median of {reps}. ms/token: one cached "
+                 "step at that position, or one forward of the whole window (what the no-cache path runs per token). "
+                 "Both paths compute logits for the last position only (`last_only`, since 21:40 on 2026-11-29; "
+                 "before, every prompt position).", f"- {hf_note}", "", *speed, "", *latency, "", *size, "",
+                 *targets, "")
 
 
 if __name__ == "__main__":

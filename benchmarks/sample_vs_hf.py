@@ -1,9 +1,9 @@
 """Sampling speed against Hugging Face `generate`, with identical weights: tokens/s at batch 1, greedy.
 
-The transformers model is built from the attngpt one in memory (pretrained.hf.transformers_model.to_transformers: GPT2LMHeadModel or
-LlamaForCausalLM), so both run the same weights and must produce the same greedy tokens (checked, and
-printed). Variants, timed in interleaved rounds (each round runs every variant once, starting one variant
-later each round), median over rounds:
+The transformers model is built from the attngpt one in memory (pretrained.hf.transformers_model.to_transformers:
+GPT2LMHeadModel or LlamaForCausalLM), so both run the same weights and must produce the same greedy tokens
+(checked, and printed). Variants, timed in interleaved rounds (each round runs every variant once, starting one
+variant later each round), median over rounds:
   attngpt          model.generate.generate: prefill, then one eager step per token through the KV cache
   attngpt-compiled the same with compile=True: the one-token decode step compiled (on a CPU one graph over
                    the written cache prefix; on a GPU a CUDA graph over the static cache); its one-time
@@ -18,33 +18,23 @@ block 1024; gpt2-124m = GPT-2 small itself; small = the default run's model (con
 
     python benchmarks/sample_vs_hf.py [--shapes gpt2,llama] [--new-tokens 128,992] [--prompt 32] [--rounds 3]
         [--threads 1] [--device cpu|cuda] [--dtype float32|bfloat16] [--no-save]
-
-Prints the table with the ratios and appends a dated section to benchmarks/RESULTS.md unless --no-save.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import statistics
-import sys
-import time
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE)]  # the repository (model/, ...) and benchmarks/ (_report)
+import torch
 
-import torch  # noqa: E402
+import _report
+from common.device import resolve_device
+from common.errors import ArgumentParser, UserError, user_errors_exit
+from model import GPT, ModelConfig
+from model.generate import generate
+from pretrained.hf.transformers_model import to_transformers
+from training.config import load_run_config
 
-import _report  # noqa: E402
-from common.device import resolve_device  # noqa: E402
-from common.errors import ArgumentParser, UserError, user_errors_exit  # noqa: E402
-from model import GPT, ModelConfig  # noqa: E402
-from model.generate import generate  # noqa: E402
-from pretrained.hf.transformers_model import to_transformers  # noqa: E402
-from training.config import load_run_config  # noqa: E402
-from training.runtime import synchronize  # noqa: E402
-
-REPO = HERE.parent
 COMMON = dict(vocab_size=50304, block_size=1024, attn_impl="sdpa")
 SHAPES = {
     "gpt2": ModelConfig(**COMMON, n_layer=6, n_head=6, d_model=384, pos="learned", norm="layernorm", mlp="gelu",
@@ -54,7 +44,7 @@ SHAPES = {
     "gpt2-124m": ModelConfig(**COMMON, n_layer=12, n_head=12, d_model=768, pos="learned", norm="layernorm",
                              mlp="gelu", bias=True),
     # the default run's model: configs/small.yaml's shape over tinyshakespeare's 65 characters
-    "small": dataclasses.replace(load_run_config(REPO / "configs" / "small.yaml", []).model, vocab_size=65),
+    "small": dataclasses.replace(load_run_config(_report.REPO / "configs" / "small.yaml", []).model, vocab_size=65),
 }
 VARIANTS = ("attngpt", "attngpt-compiled", "hf")
 
@@ -80,36 +70,28 @@ def runner(name: str, ours: GPT, theirs: torch.nn.Module, prompt: torch.Tensor, 
     return lambda: generate(ours, prompt, n_new, temperature=0.0, compile=compiled)
 
 
-def timed(fn, device: torch.device) -> tuple[float, torch.Tensor]:
-    synchronize(device)
-    t0 = time.perf_counter()
-    out = fn()
-    synchronize(device)
-    return time.perf_counter() - t0, out
-
-
 def measure(shape: str, n_new: int, args: argparse.Namespace, device: torch.device,
-            dtype: torch.dtype) -> tuple[list[str], dict[str, float], float, bool]:
-    """(table rows, tok/s by variant, compile seconds, greedy tokens identical) for one shape and length."""
+            dtype: torch.dtype) -> tuple[str, float]:
+    """(the table row, compile seconds) of one shape and length."""
     ours, theirs = build(SHAPES[shape], device, dtype)
     prompt = torch.randint(0, SHAPES[shape].vocab_size, (1, args.prompt),
                            generator=torch.Generator().manual_seed(1)).to(device)
     runs = {name: runner(name, ours, theirs, prompt, n_new) for name in VARIANTS}
-    compile_s, _ = timed(runs["attngpt-compiled"], device)  # warm-up: compiles the decode step
-    outputs = {name: timed(run, device)[1] for name, run in runs.items()}  # warm-up of every variant
+    compile_s, _ = _report.timed(runs["attngpt-compiled"], device)  # warm-up: compiles the decode step
+    outputs = {name: run() for name, run in runs.items()}  # warm-up of every variant
     same = all(torch.equal(outputs["hf"], out) for out in outputs.values())
     seconds: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for r in range(args.rounds):
         order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
         for name in order:
-            seconds[name].append(timed(runs[name], device)[0])
+            seconds[name].append(_report.timed(runs[name], device)[0])
         print(f"  {shape} {n_new} new tokens, round {r + 1}: "
               + ", ".join(f"{n} {n_new / seconds[n][-1]:.1f} tok/s" for n in VARIANTS), flush=True)
     rate = {name: n_new / statistics.median(s) for name, s in seconds.items()}
-    rows = [f"| {shape} | {n_new} | {rate['attngpt']:.1f} | {rate['attngpt-compiled']:.1f} | {rate['hf']:.1f} | "
-            f"{rate['attngpt'] / rate['hf']:.2f}x | {rate['attngpt-compiled'] / rate['hf']:.2f}x | "
-            f"{'yes' if same else 'NO'} |"]
-    return rows, rate, compile_s, same
+    row = (f"| {shape} | {n_new} | {rate['attngpt']:.1f} | {rate['attngpt-compiled']:.1f} | {rate['hf']:.1f} | "
+           f"{rate['attngpt'] / rate['hf']:.2f}x | {rate['attngpt-compiled'] / rate['hf']:.2f}x | "
+           f"{'yes' if same else 'NO'} |")
+    return row, compile_s
 
 
 def main() -> None:
@@ -121,7 +103,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads on a CPU (default 1)")
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or auto")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    parser.add_argument("--no-save", action="store_true", help="do not append to benchmarks/RESULTS.md")
+    _report.save_flags(parser)
     args = parser.parse_args()
     with user_errors_exit("sample_vs_hf"):
         shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
@@ -138,33 +120,28 @@ def main() -> None:
         if args.rounds < 1 or args.threads < 1:
             raise UserError("--rounds and --threads must be >= 1")
         device = resolve_device(args.device, setting="--device ")
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+        dtype = getattr(torch, args.dtype)
         if device.type == "cpu":
             torch.set_num_threads(args.threads)
         import transformers
 
-        machine_line = _report.machine(torch_threads=True, extra=[_report.cpu_bf16_support()])
-        if device.type == "cuda":
-            machine_line += f"; GPU {torch.cuda.get_device_name(device)}"
+        machine_line = _report.machine(torch_threads=True, extra=[_report.cpu_bf16_support()], gpu=device)
         print(machine_line, flush=True)
         table = ["| shape | new tokens | attngpt tok/s | attngpt compiled tok/s | HF generate tok/s | attngpt / HF "
                  "| compiled / HF | same greedy tokens |", "|---|---:|---:|---:|---:|---:|---:|---|"]
         compile_notes = []
         for shape in shapes:
             for n_new in lengths:
-                rows, _, compile_s, _ = measure(shape, n_new, args, device, dtype)
-                table += rows
+                row, compile_s = measure(shape, n_new, args, device, dtype)
+                table.append(row)
                 compile_notes.append(f"{shape}/{n_new}: {compile_s:.1f} s")
         notes = [f"transformers {transformers.__version__}, attn_implementation sdpa, default dynamic cache; "
                  f"{args.dtype} on {device.type}; prompt {args.prompt} tokens; greedy; batch 1; "
                  f"{args.rounds} interleaved rounds, median; tok/s includes the prefill.",
                  "First compiled call (compile + generation, excluded from the timing): " + ", ".join(compile_notes)]
         print("\n".join(["", *notes, "", *table]))
-        if not args.no_save:
-            section = [f"## Sampling vs Hugging Face generate, identical weights ({_report.timestamp()})", "",
-                       f"- Machine: {machine_line}", f"- Command: `{_report.command('sample_vs_hf.py')}`",
-                       *[f"- {n}" for n in notes], "", *table, ""]
-            print(f"appended to {_report.append_section(section)}")
+        _report.save(args, "Sampling vs Hugging Face generate, identical weights", machine_line, "sample_vs_hf.py",
+                     *[f"- {n}" for n in notes], "", *table, "")
 
 
 if __name__ == "__main__":

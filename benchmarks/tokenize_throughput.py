@@ -13,8 +13,6 @@ at once (interleaved with the trials); on a shared machine another session's bus
 share of the cores whatever its nice value (Linux autogroup scheduling), and the control shows it.
 
     python benchmarks/tokenize_throughput.py [--mb 200] [--files 16] [--num-proc 1 2] [--trials 2] [--no-save]
-
-Prints a table and appends a dated section (machine, CPU flags, load, command, results) to RESULTS.md.
 """
 from __future__ import annotations
 
@@ -28,16 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-sys.path[:0] = [str(REPO), str(HERE)]  # the repository (data/, ...) and benchmarks/ (_report)
-_SHARED = REPO.parent / "shared"
+import _report
+from common.errors import user_errors_exit
+
+_SHARED = _report.REPO.parent / "shared"
 if "TIKTOKEN_CACHE_DIR" not in os.environ and (_SHARED / "tiktoken_cache").is_dir():
     os.environ["TIKTOKEN_CACHE_DIR"] = str(_SHARED / "tiktoken_cache")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-
-import _report  # noqa: E402
-from common.errors import user_errors_exit  # noqa: E402
 
 SAMPLE_MB = 8  # text encoded by tiktoken alone for the baseline row
 CONTROL_LOOP = 20_000_000  # iterations of the control's pure-Python loop (~2 s on one core)
@@ -58,8 +53,7 @@ def generate_corpus(folder: Path, megabytes: float, n_files: int) -> tuple[list[
     """n_files JSON-lines files of documents (1-8K characters cut from tinyshakespeare at varying offsets,
     each under its own header) holding at least `megabytes` MB of text. Returns (files, documents, bytes)."""
     source = shakespeare_text()
-    target = int(megabytes * 1e6)
-    per_file = -(-target // n_files)
+    per_file = -(-int(megabytes * 1e6) // n_files)
     files, n_docs, total = [], 0, 0
     for f in range(n_files):
         path = folder / f"docs_{f:03d}.jsonl"
@@ -88,15 +82,12 @@ def measure(files: list[Path], num_proc: int, scratch: Path) -> dict:
     with datasets_progress(False):
         corpus = resolve_corpus(cfg, quiet=True)
         rows = load_rows(corpus, scratch / "hf", num_proc)
-        start = time.perf_counter()
         settings = EncodeSettings("gpt2", cfg.val_fraction, num_proc, quiet=True)
-        result = encode_documents_sharded(corpus, rows, scratch / "hf", "benchmark", scratch / "out", settings)
-        seconds = time.perf_counter() - start
-    from data.sharded import peak_rss_mb
+        seconds, result = _report.timed(lambda: encode_documents_sharded(corpus, rows, scratch / "hf", "benchmark",
+                                                                         scratch / "out", settings))
     return {"num_proc": num_proc, "seconds": seconds, "parts": result.parts,
             "tokens": result.counts.tokens["train"] + result.counts.tokens["val"],
-            "peak_worker_rss_mb": result.peak_worker_rss_mb,
-            "main_rss_mb": peak_rss_mb()}
+            "peak_worker_rss_mb": result.peak_worker_rss_mb}
 
 
 def run_measure(files: list[Path], num_proc: int, scratch: Path) -> dict:
@@ -125,14 +116,12 @@ def parallel_control(num_proc: int) -> float:
     with mp.get_context("spawn").Pool(num_proc) as pool:
         pool.map(_busy_loop, range(num_proc))  # start-up, not timed
         alone = pool.apply(_busy_loop, (0,))
-        start = time.perf_counter()
-        pool.map(_busy_loop, range(num_proc), chunksize=1)
-        together = time.perf_counter() - start
+        together, _ = _report.timed(lambda: pool.map(_busy_loop, range(num_proc), chunksize=1))
     return num_proc * alone / together
 
 
-def tiktoken_baseline(files: list[Path]) -> tuple[float, float]:
-    """(MB/s, seconds) of tiktoken encode_ordinary, document by document, over the first SAMPLE_MB MB."""
+def tiktoken_baseline(files: list[Path]) -> float:
+    """MB/s of tiktoken encode_ordinary, document by document, over the first SAMPLE_MB MB."""
     from data.tokenizer import TiktokenTokenizer
 
     tok = TiktokenTokenizer("gpt2")
@@ -143,11 +132,8 @@ def tiktoken_baseline(files: list[Path]) -> tuple[float, float]:
             size += len(texts[-1].encode("utf-8"))
             if size >= SAMPLE_MB * 1e6:
                 break
-    start = time.perf_counter()
-    for text in texts:
-        tok.encode(text)
-    seconds = time.perf_counter() - start
-    return size / 1e6 / seconds, seconds
+    seconds, _ = _report.timed(lambda: [tok.encode(text) for text in texts])
+    return size / 1e6 / seconds
 
 
 def main() -> None:
@@ -156,7 +142,7 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=16, help="files the corpus is split into (its parts)")
     parser.add_argument("--num-proc", type=int, nargs="+", default=[1, 2], help="process counts to compare")
     parser.add_argument("--trials", type=int, default=2, help="rounds over the process counts (interleaved)")
-    parser.add_argument("--no-save", action="store_true", help="do not append to benchmarks/RESULTS.md")
+    _report.save_flags(parser)
     parser.add_argument("--measure", type=int, help=argparse.SUPPRESS)  # internal: one measurement
     parser.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("corpus", nargs="*", type=Path, help=argparse.SUPPRESS)
@@ -168,7 +154,7 @@ def main() -> None:
     load_before = _report.load_average()
     with user_errors_exit("tokenize_throughput"), tempfile.TemporaryDirectory(prefix="attngpt-tok-") as tmp:
         files, n_docs, n_bytes = generate_corpus(Path(tmp), args.mb, args.files)
-        baseline_mbs, _ = tiktoken_baseline(files)
+        baseline_mbs = tiktoken_baseline(files)
         runs: dict[int, list[dict]] = {n: [] for n in args.num_proc}
         controls: dict[int, list[float]] = {n: [] for n in args.num_proc if n > 1}
         for trial in range(args.trials):
@@ -205,18 +191,13 @@ def main() -> None:
                    f"{runs[args.num_proc[0]][0]['parts']} parts.")
     print(corpus_line)
     print("\n".join(table))
-    if args.no_save:
-        return
-    have = _report.cpu_flags()
-    flags = ", ".join(f"{name} {'yes' if name in have else 'no'}" for name in ("sse4_2", "avx2", "avx512f", "bmi2"))
-    section = [f"## Tokenization throughput of a document corpus, GPT-2 BPE ({_report.timestamp()})", "",
-               f"- Machine: {_report.machine(versions=('tiktoken', 'datasets'))}; CPU flags: {flags}; "
-               f"{load_before}, {load_after}",
-               f"- Command: `{_report.command('tokenize_throughput.py')}`", f"- {corpus_line}",
-               "- Time = `encode_documents_sharded` on the streamed corpus: worker start-up, reading, encoding, "
-               "splitting into train/val shards (fsynced); each setting in a fresh subprocess, trials interleaved.",
-               "", *table, ""]
-    print(f"appended to {_report.append_section(section)}")
+    machine_line = (f"{_report.machine(versions=('tiktoken', 'datasets'))}; CPU flags: "
+                    f"{_report.flag_list(('sse4_2', 'avx2', 'avx512f', 'bmi2'))}; {load_before}, {load_after}")
+    _report.save(args, "Tokenization throughput of a document corpus, GPT-2 BPE", machine_line,
+                 "tokenize_throughput.py", f"- {corpus_line}",
+                 "- Time = `encode_documents_sharded` on the streamed corpus: worker start-up, reading, encoding, "
+                 "splitting into train/val shards (fsynced); each setting in a fresh subprocess, trials interleaved.",
+                 "", *table, "")
 
 
 if __name__ == "__main__":

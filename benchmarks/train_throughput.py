@@ -1,44 +1,33 @@
 """Training throughput: tokens/s, ms/step and MFU of full training steps, attngpt against nanoGPT's own recipe.
 
-A step is what a training loop runs: forward, backward, gradient clipping (norm 1.0), optimizer step,
-and reading the loss and gradient norm back (`.item()`, as both loops do every step on a CPU).
-
-Variants (all on the same random batch, built from the same seed):
-  nanogpt                        benchmarks/nanogpt_reference.py: nanoGPT's model and optimizer as nanoGPT runs
-                                 them on a CPU (fused SDPA, one q/k/v Linear, LayerNorm without bias, tied
-                                 embeddings, foreach AdamW, fp32, eager). Every "vs nanoGPT" ratio is taken
-                                 against it, in the same run.
-  textbook                       benchmarks/reference_gpt.py: explicit attention with a mask buffer, separate
-                                 q/k/v, biases, torch.optim.AdamW defaults: what a textbook reader writes.
-  PRESET-ATTN-DTYPE[-compile]    attngpt's GPT through training.step.accumulate_gradients + apply_gradients
-                                 with training.optim.build_optimizers (AdamW, fused kernel):
+A step: forward, backward, clip_grad_norm_(1.0), optimizer step, loss and grad norm read back (`.item()`, as
+both loops do every step on a CPU). Variants, all on one random batch from one seed:
+  nanogpt                      benchmarks/nanogpt_reference.py, nanoGPT's model and optimizer as it runs them on a
+                               CPU (fp32, eager): every "vs nanoGPT" ratio is taken against it, in the same run.
+  textbook                     benchmarks/reference_gpt.py: explicit attention with a mask buffer, separate q/k/v,
+                               biases, torch.optim.AdamW defaults: what a textbook reader writes.
+  PRESET-ATTN-DTYPE[-compile]  attngpt's GPT through training.step with training.optim's AdamW (fused kernel):
       PRESET  gpt2    gelu MLP, layernorm, learned positions, MHA: nanoGPT's architecture
               modern  swiglu MLP, rmsnorm, RoPE, GQA with n_kv_head = n_head/2 (what configs/small.yaml uses)
       ATTN    manual  the from-scratch softmax(QK^T/sqrt(d))V     sdpa  F.scaled_dot_product_attention
       DTYPE   fp32    plain float32                               bf16  bfloat16 autocast (fp32 master weights)
       -compile        torch.compile(model) (10-60 s of compilation per variant on a CPU)
-  PRESET-auto                    the preset as `dtype: auto` + `train.compile: auto` run it: training/autotune.py
-                                 times the candidates on this machine (for a run of --auto-steps steps) and the
-                                 variant then runs its choice, printed beside the table.
+  PRESET-auto                  the preset as `dtype: auto` + `train.compile: auto` run it: training/autotune.py
+                               times the candidates here (for a run of --auto-steps steps); its choice is printed.
 
-Shapes (--shapes, default both): cpu = nanoGPT's CPU command line (vocab 65, block 64, batch 12, 4 layers,
-4 heads, width 128); char = nanoGPT's shakespeare-char model (block 256, 6 layers, 6 heads, width 384) at
-batch 8. Any of --vocab/--block/--batch/--layers/--heads/--width instead runs that one custom shape.
+Shapes (--shapes, default both): cpu = nanoGPT's CPU command line (vocab 65, block 64, batch 12, 4 layers x 4 heads
+x 128); char = its shakespeare-char model (block 256, 6 x 6 x 384) at batch 8; any of --vocab/--block/--batch/
+--layers/--heads/--width instead runs that one custom shape.
 
-Timing, made for a noisy shared machine: each variant warms up (--warmup steps; compilation happens here),
-then the variants run round-robin, --repeats rounds of --steps steps each (each round starting one
-variant later), synchronizing the device around each block. Reported: median and min ms/step over the
-rounds; tokens/s and MFU from the median.
-
-MFU = FLOPs/token (GPT.flops_per_token(block_size): 6 per matmul weight + attention's 12*L*H*hd*T; the
-baselines count as the gpt2 preset of their shape) x tokens/s / peak, for two peaks: measured here at
-start with a large matmul in the variant's dtype (training.runtime.measure_peak_flops, best of
+Timing, for a noisy shared machine: each variant warms up (--warmup steps, compilation included), then the
+variants run round-robin, --repeats rounds of --steps steps (each round starting one variant later, the device
+synchronized around each block): median and min ms/step; tokens/s and MFU from the median. MFU = FLOPs/token
+(GPT.flops_per_token: 6 per matmul weight + attention's 12*L*H*hd*T; the baselines count as the gpt2 preset)
+x tokens/s / peak, for two peaks: measured at start with a large matmul in the variant's dtype (best of
 --peak-trials), and the datasheet's dense peak where the GPU is known (H100/H200, A100; n/a on CPUs).
 
-Flags: `python benchmarks/train_throughput.py --help`.
-
-Prints a table and appends a dated section (machine, command, results) to benchmarks/RESULTS.md
-(not with --quick, a smoke run, unless --save; never with --profile, which only profiles).
+Prints a table and appends a dated section to benchmarks/RESULTS.md (not with --quick, a smoke run, unless
+--save; never with --profile, which only profiles).
 """
 from __future__ import annotations
 
@@ -48,28 +37,24 @@ import gc
 import statistics
 import sys
 import time
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE)]  # the repository (model/, training/) and benchmarks/
+import torch
 
-import torch  # noqa: E402
-
-import _report  # noqa: E402
-from _report import nominal_peaks  # noqa: E402
-from _variants import (DEFAULT_VARIANTS, DTYPES, PRESETS, SEED, SHAPES, Variant, counting_model,  # noqa: E402
-                       model_config, parse_variants, random_batch, set_shape, shape_list)
-from common.errors import ArgumentParser, UserError, user_errors_exit  # noqa: E402
-from model import GPT  # noqa: E402
-from nanogpt_reference import NanoGPT, NanoShape  # noqa: E402
-from nanogpt_reference import train_step as nanogpt_step  # noqa: E402
-from reference_gpt import ReferenceGPT  # noqa: E402
-from training.autotune import choose  # noqa: E402
-from training.config import TrainConfig  # noqa: E402
-from training.optim import build_optimizers  # noqa: E402
-from common.device import resolve_device  # noqa: E402
-from training.runtime import Runtime, measure_peak_flops, synchronize  # noqa: E402
-from training.step import accumulate_gradients, apply_gradients  # noqa: E402
+import _report
+from _report import nominal_peaks
+from _variants import (DEFAULT_VARIANTS, DTYPES, PRESETS, SEED, SHAPES, Variant, counting_model, model_config,
+                       parse_variants, random_batch, set_shape, shape_list)
+from common.device import resolve_device
+from common.errors import ArgumentParser, UserError, user_errors_exit
+from model import GPT
+from nanogpt_reference import NanoGPT, NanoShape
+from nanogpt_reference import train_step as nanogpt_step
+from reference_gpt import ReferenceGPT
+from training.autotune import choose
+from training.config import TrainConfig
+from training.optim import build_optimizers
+from training.runtime import Runtime, measure_peak_flops
+from training.step import accumulate_gradients, apply_gradients
 
 GRAD_CLIP = 1.0
 
@@ -88,29 +73,18 @@ def setup(v: Variant, args: argparse.Namespace, device: torch.device, batch: tup
     x, y = batch
     torch.manual_seed(SEED)
     gpt2_cfg = model_config("gpt2", "manual", args)
-    if v.is_baseline:
+    if v.preset is None:  # a baseline
         v.flops_per_token = counting_model(gpt2_cfg).flops_per_token(args.block)  # the same architecture's count
         if v.name == "nanogpt":
             model = NanoGPT(NanoShape(args.layers, args.heads, args.width, args.block, args.batch, args.vocab))
             model = model.to(device).train()
             opt = model.configure_optimizer()
-            v.params = sum(p.numel() for p in model.parameters())
-            v.step = lambda: nanogpt_step(model, opt, x, y, GRAD_CLIP)
-            return
-        model = ReferenceGPT(args.vocab, args.block, args.layers, args.heads, args.width).to(device)
-        model.train()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        else:
+            model = ReferenceGPT(args.vocab, args.block, args.layers, args.heads, args.width).to(device).train()
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         v.params = sum(p.numel() for p in model.parameters())
-
-        def step() -> tuple[float, float]:
-            _, loss = model(x, y)
-            loss.backward()
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
-            values = loss.item(), norm.item()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            return values
-        v.step = step
+        # the textbook step is nanoGPT's too: backward, clip, optimizer step, zero_grad, loss and norm read back
+        v.step = lambda: nanogpt_step(model, opt, x, y, GRAD_CLIP)
         return
 
     cfg = model_config(v.preset, v.attn, args)
@@ -130,12 +104,9 @@ def setup(v: Variant, args: argparse.Namespace, device: torch.device, batch: tup
     model = (compiled if compiled is not None else torch.compile(raw)) if v.compile else raw
     backend = args.sdpa_backend if v.attn == "sdpa" else "auto"
 
-    def next_batch() -> tuple[torch.Tensor, torch.Tensor]:
-        return x, y
-
     def step() -> tuple[float, float]:
         with sdpa_context(backend):
-            loss, norm = accumulate_gradients(model, raw, next_batch, rt, TrainConfig(grad_clip=GRAD_CLIP))
+            loss, norm = accumulate_gradients(model, raw, lambda: (x, y), rt, TrainConfig(grad_clip=GRAD_CLIP))
             values = loss.item(), norm.item()  # the loop reads both before applying (non-finite check)
             apply_gradients(optimizers)
         return values
@@ -144,12 +115,10 @@ def setup(v: Variant, args: argparse.Namespace, device: torch.device, batch: tup
 
 def run_steps(v: Variant, n: int, device: torch.device) -> float:
     """Seconds for n steps of v, the device synchronized before and after."""
-    synchronize(device)
-    t0 = time.perf_counter()
-    for _ in range(n):
-        v.last_loss, _ = v.step()
-    synchronize(device)
-    return time.perf_counter() - t0
+    def steps() -> None:
+        for _ in range(n):
+            v.last_loss, _ = v.step()
+    return _report.timed(steps, device)[0]
 
 
 def fail(v: Variant, e: BaseException, device: torch.device) -> None:
@@ -191,9 +160,7 @@ def profile(v: Variant, args: argparse.Namespace, device: torch.device, batch) -
 def main() -> None:
     parser = ArgumentParser(prog="train_throughput", description=__doc__.splitlines()[0],
                             formatter_class=argparse.RawDescriptionHelpFormatter,
-                            epilog=__doc__.split("\n\n    python")[0].split("\n", 2)[2])
-    parser.add_argument("--quick", action="store_true", help="smoke run: 1 warm-up step, 2 rounds of 2 steps, "
-                                                             "peak from one small matmul; nothing saved")
+                            epilog=__doc__.split("\n", 2)[2])
     parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
     parser.add_argument("--variants", default="default",
                         help=f"comma-separated variant names, 'default' ({','.join(DEFAULT_VARIANTS)}) or 'all'")
@@ -223,18 +190,16 @@ def main() -> None:
     parser.add_argument("--profile", metavar="VARIANT", default=None,
                         help="only profile VARIANT (on the first shape): torch.profiler's top 25 ops")
     parser.add_argument("--profile-steps", type=int, default=5)
-    parser.add_argument("--no-save", action="store_true", help="do not append to benchmarks/RESULTS.md")
-    parser.add_argument("--save", action="store_true", help="append to RESULTS.md even with --quick")
+    _report.save_flags(parser, quick="smoke run: 1 warm-up step, 2 rounds of 2 steps, peak from one small matmul; "
+                                     "nothing saved")
     args = parser.parse_args()
 
     with user_errors_exit("train_throughput"):
         shapes = shape_list(args)
-        for name in ("repeats", "peak_trials", "profile_steps", "auto_steps"):
-            if getattr(args, name) < 1:
-                raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 1")
-        for name in ("steps", "warmup"):
-            if getattr(args, name) is not None and getattr(args, name) < (1 if name == "steps" else 0):
-                raise UserError(f"--{name} {getattr(args, name)}: must be >= {1 if name == 'steps' else 0}")
+        for name, least in (("repeats", 1), ("peak_trials", 1), ("profile_steps", 1), ("auto_steps", 1),
+                            ("steps", 1), ("warmup", 0)):
+            if getattr(args, name) is not None and getattr(args, name) < least:
+                raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= {least}")
         if args.threads:
             torch.set_num_threads(args.threads)
         device = resolve_device(args.device, setting="--device ")
@@ -246,33 +211,20 @@ def main() -> None:
                 raise UserError("--profile takes one variant name")
             profile(variants[0], args, device, random_batch(args, device))
             return
-        machine_line = _report.machine(torch_threads=True, extra=machine_extra(device))
+        gpu = [f"GPU {torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda}, float32 matmul precision "
+               f"{torch.get_float32_matmul_precision()})"] if device.type == "cuda" else []
+        machine_line = _report.machine(torch_threads=True, extra=[_report.cpu_bf16_support(), *gpu])
         print(machine_line, flush=True)
         blocks = []
         for shape_name, dims in shapes:
             set_shape(args, shape_name, dims)
             print(f"\n### shape {shape_name}", flush=True)
             blocks.append(run(parse_variants(args.variants, args.compile), args, device, random_batch(args, device)))
-        if args.no_save or (args.quick and not args.save):
-            return
-        section = [f"## Training throughput vs nanoGPT, {device.type} ({_report.timestamp()})", "",
-                   f"- Machine: {machine_line}", f"- Command: `{_report.command('train_throughput.py')}`",
-                   "- speed vs nanoGPT = nanogpt median ms/step / variant median ms/step (higher is faster). "
-                   "final loss: the last timed step's loss on the fixed random batch, a sanity check only (the "
-                   "textbook reference keeps PyTorch's default init, N(0, 1) tied embeddings, hence its large "
-                   "loss).", ""]
-        for block in blocks:
-            section += block
-        print(f"appended to {_report.append_section(section)}")
-
-
-def machine_extra(device: torch.device) -> list[str]:
-    extra = [_report.cpu_bf16_support()]
-    if device.type == "cuda":
-        gpu_name, _ = nominal_peaks(device)
-        extra.append(f"GPU {gpu_name} (CUDA {torch.version.cuda}, float32 matmul precision "
-                     f"{torch.get_float32_matmul_precision()})")
-    return extra
+        _report.save(args, f"Training throughput vs nanoGPT, {device.type}", machine_line, "train_throughput.py",
+                     "- speed vs nanoGPT = nanogpt median ms/step / variant median ms/step (higher is faster). "
+                     "final loss: the last timed step's loss on the fixed random batch, a sanity check only (the "
+                     "textbook reference keeps PyTorch's default init, N(0, 1) tied embeddings, hence its large "
+                     "loss).", "", *[line for block in blocks for line in block])
 
 
 def run(variants: list[Variant], args: argparse.Namespace, device: torch.device, batch) -> list[str]:
@@ -319,7 +271,7 @@ def run(variants: list[Variant], args: argparse.Namespace, device: torch.device,
         print(f"round {r + 1}/{repeats} (ms/step): {done}", flush=True)
 
     tokens_per_step = args.batch * args.block
-    ref = next((v for v in variants if v.is_reference and v.ms), None)
+    ref = next((v for v in variants if v.name == "nanogpt" and v.ms), None)
     ref_ms = statistics.median(ref.ms) if ref else None
     cuda = device.type == "cuda"
     header = ("| variant | ms/step median | ms/step min | tokens/s | speed vs nanoGPT | MFU (measured peak) "
