@@ -184,6 +184,4 @@ def draw_heads_over_training(rows: Iterable[Sequence], icl: Iterable[tuple[int, 
     bottom.axhline(0.0, color="0.6", linewidth=0.6)
     bottom.set_ylabel("val ICL score (nats)")
     bottom.set_xlabel("step")
-    if path is not None:
-        save_png(fig, path)
-    return fig
+    return save_png(fig, path)
