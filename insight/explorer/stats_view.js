@@ -32,16 +32,14 @@ window.attnStatsView = function (x) {
   }
 
   function build() {
-    const tr = el("tr");
-    for (const c of cols) {
+    $("stats-table").tHead.append(el("tr", {}, cols.map((c) => {
       const th = el("th", { "data-col": c, title: TITLES[c] || c }, LABELS[c] || c);
       th.addEventListener("click", () => {
         st.sort = { key: c, dir: st.sort.key === c ? -st.sort.dir : 1 };
         render();
       });
-      tr.append(th);
-    }
-    $("stats-table").tHead.append(tr);
+      return th;
+    })));
     const legend = $("stats-legend");
     if (hasScores) {
       const rules = M.role_rules.map(([name, score, t]) => `${name} when ${LABELS[score]} > ${t}`).join(", else ");

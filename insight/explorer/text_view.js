@@ -61,12 +61,11 @@ window.attnTextView = function (x) {
     Array.from($("text-head").options).forEach((o, n) => { o.textContent = "head " + n + x.roleOf(L, n); });
     $("text-head").value = h;
     const values = new Float64Array(i + 1), alphas = new Float64Array(i + 1);
-    let top = 1;
     for (let j = 0; j <= i; j++) {
       alphas[j] = alpha(L, h, i, j);
       values[j] = st.textVw ? alphas[j] * vnorm(L, h, j) : alphas[j];
     }
-    if (st.textVw) { top = 1e-30; for (const v of values) top = Math.max(top, v); }
+    const top = st.textVw ? Math.max(1e-30, ...values) : 1;
     for (let j = 0; j < W; j++) {
       const t = $(`t-tok-${j}`);
       t.classList.remove("hl"); // the list it was marked from is redrawn below
@@ -87,15 +86,14 @@ window.attnTextView = function (x) {
     list.replaceChildren(el("span", { class: "from" }, `${quoted(i)}${context(i)} → `));
     order.slice(0, TOP).forEach((j, n) => {
       if (n) list.append(", ");
-      const item = el("span", { class: "top-item", "data-key": j, "data-value": values[j], title: `key ${j}` });
-      item.append(el("b", {}, quoted(j)), el("span", { class: "ctx" }, context(j)), " " + fmt(values[j], st.textVw ? 3 : 2));
+      const item = el("span", { class: "top-item", "data-key": j, "data-value": values[j], title: `key ${j}` },
+        [el("b", {}, quoted(j)), el("span", { class: "ctx" }, context(j)), " " + fmt(values[j], st.textVw ? 3 : 2)]);
       item.addEventListener("mouseenter", () => $(`t-tok-${j}`).classList.add("hl")); // which "e" of several
       item.addEventListener("mouseleave", () => $(`t-tok-${j}`).classList.remove("hl"));
       list.append(item);
     });
     if (order.length > TOP) {
-      let rest = 0;
-      for (const j of order.slice(TOP)) rest += values[j];
+      const rest = order.slice(TOP).reduce((sum, j) => sum + values[j], 0);
       list.append(", ", el("span", { class: "others", "data-value": rest }, `others ${fmt(rest, st.textVw ? 3 : 2)}`));
     }
     $("text-hint").textContent = `Layer ${L}, head ${h}: query ${i} «${label(i)}»` +
