@@ -21,7 +21,6 @@
   let textView = null, statsView = null; // text_view.js and stats_view.js, built once the data is decoded
 
   // ---- data --------------------------------------------------------------------------------------
-  const pause = () => new Promise((resolve) => setTimeout(resolve, 0));
   // base64 -> bytes: natively where the browser can, else in slices that leave the page responsive
   async function bytesOf(id) {
     const text = $(id).textContent.trim();
@@ -32,7 +31,7 @@
     for (let start = 0, o = 0; start < text.length; start += SLICE) {
       const bin = atob(text.slice(start, start + SLICE));
       for (let i = 0; i < bin.length; i++) out[o++] = bin.charCodeAt(i);
-      await pause();
+      await new Promise((resolve) => setTimeout(resolve, 0)); // let the page breathe between slices
     }
     return out;
   }
@@ -48,8 +47,7 @@
   }
   // the 8-bit weight of query i on key j, dequantised: code / 255 * the row's largest weight
   function alpha(L, h, i, j) {
-    if (j > i) return 0;
-    return A["attn." + L][h * TRI + i * (i + 1) / 2 + j] / 255 * A["scale." + L][h * W + i];
+    return j > i ? 0 : A["attn." + L][h * TRI + i * (i + 1) / 2 + j] / 255 * A["scale." + L][h * W + i];
   }
   const vnorm = (L, h, j) => A["vnorm." + L][h * W + j]; // ||v_j W_O^h||
   const colour = (h) => h < PALETTE.length ? PALETTE[h] : `hsl(${(h * 137.5) % 360},65%,42%)`;

@@ -22,12 +22,11 @@ window.attnStatsView = function (x) {
   const hasScores = M.score_names.length > 0;
   const cols = ["layer", "head", ...(hasScores ? ["role"] : []), ...M.score_names, ...M.stat_names];
   const layers = [...new Set([...M.layers, ...M.roles.map((_, L) => L)])].sort((a, b) => a - b);
-  const num = (v) => (v === null || v === undefined ? NaN : v);
   const rows = [];
   for (const L of layers) for (let h = 0; h < H; h++) {
     const r = { layer: L, head: h, role: hasScores && M.roles[L] ? M.roles[L][h] : "", inFile: M.layers.includes(L) };
-    for (const s of M.score_names) r[s] = M.scores[s][L] ? num(M.scores[s][L][h]) : NaN;
-    for (const s of M.stat_names) r[s] = r.inFile ? num(M.stats[L][s][h]) : NaN;
+    for (const s of M.score_names) r[s] = M.scores[s][L] ? M.scores[s][L][h] ?? NaN : NaN; // null in the JSON: NaN
+    for (const s of M.stat_names) r[s] = r.inFile ? M.stats[L][s][h] ?? NaN : NaN;
     rows.push(r);
   }
 

@@ -14,11 +14,7 @@ window.attnTextView = function (x) {
 
   // A token as running text: its own characters (spaces too), a newline as ↵ and a line break; one with
   // other control characters, or none at all, as its label (\x00, ∅).
-  function shown(j) {
-    const t = M.texts[j];
-    if (t === "" || CONTROL.test(t)) return label(j);
-    return t.replace(/\n/g, "↵\n");
-  }
+  const shown = (j) => (M.texts[j] === "" || CONTROL.test(M.texts[j]) ? label(j) : M.texts[j].replace(/\n/g, "↵\n"));
   const quoted = (j) => `"${M.texts[j].trim() && !CONTROL.test(M.texts[j]) ? M.texts[j].trim() : label(j)}"`;
   // In a char-level prompt one letter says little ("e" of which word?): the word it is in, or for a space
   // or newline the word it comes before, e.g. "␣" (before it), "s" (in because)
