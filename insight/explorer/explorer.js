@@ -147,14 +147,10 @@
       }
     }
     const top = st.vw ? Math.max(1e-30, ...lines.map((l) => l[4])) : 1;
-    const frag = document.createDocumentFragment();
-    for (const [h, i, j, a, value] of lines) {
-      const attrs = { x1: 0, y1: (i + 0.5) * ROW, x2: LINES_W, y2: (j + 0.5) * ROW, stroke: colour(h),
-                      "stroke-width": 2, "stroke-opacity": value / top, class: "attn-line",
-                      "data-head": h, "data-query": i, "data-key": j, "data-alpha": a, "data-weight": value };
-      frag.append(el("line", attrs, undefined, SVG_NS));
-    }
-    svg.append(frag);
+    svg.append(...lines.map(([h, i, j, a, value]) => el("line", {
+      x1: 0, y1: (i + 0.5) * ROW, x2: LINES_W, y2: (j + 0.5) * ROW, stroke: colour(h), "stroke-width": 2,
+      "stroke-opacity": value / top, class: "attn-line", "data-head": h, "data-query": i, "data-key": j, "data-alpha": a,
+      "data-weight": value }, undefined, SVG_NS)));
     const who = target.side === "q" ? `query ${target.index} «${label(target.index)}» attends to (right)`
                                     : `key ${target.index} «${label(target.index)}» is attended by (left)`;
     $("head-hint").textContent = `Layer ${L}: ${who}. Opacity = ` + (st.vw
@@ -237,9 +233,7 @@
     drawMap(big, L, h, W);
     const px = Math.max(1, Math.floor(OPEN_PX / W)) * W;
     big.style.width = big.style.height = Math.min(px, OPEN_PX * 2) + "px";
-    st.layer = L; st.focus = h;
-    $("layer-select").value = L;
-    update();
+    setLayer(L, st.heads, h); // the heads switched on stay as they are
   }
   // A head opened from the Statistics tab: in the head view, or the text view when that is the one in use
   function showHead(L, h) { setLayer(L, [h], h); showTab(st.tokenView); revealQuery(); }

@@ -39,14 +39,12 @@ window.attnTextView = function (x) {
     ls.addEventListener("change", () => x.setLayer(+ls.value, M.selected[ls.value], st.focus));
     hs.addEventListener("change", () => x.setFocus(+hs.value));
     $("text-vw").addEventListener("change", (e) => { st.textVw = e.target.checked; render(); });
-    const frag = document.createDocumentFragment();
     for (let j = 0; j < W; j++) {
       const t = el("span", { class: "ttok", id: `t-tok-${j}`, "data-index": j, title: `${j}: ${label(j)}` }, shown(j));
       t.addEventListener("mouseenter", () => { hover = j; render(); });
       t.addEventListener("click", () => { hover = null; x.pickQuery(j); });
-      frag.append(t);
+      body.append(t);
     }
-    body.append(frag);
     body.addEventListener("mouseleave", () => { hover = null; render(); });
   }
 
