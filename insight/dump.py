@@ -4,20 +4,16 @@
 attn.npz holds, for each dumped layer L (T = the prompt's tokens):
     layer_L             (n_head, T, T) float32  the attention weights alpha_ij (rows sum to 1, future 0)
     heads_L             (k,) int64              the selected heads (the PNG draws these; every head is stored)
-    value_norm_L        (n_head, T) float32     ||v_j W_O^h||: the length of key j's value vector once head h
-                                                writes it into the residual stream (W_O^h: head h's columns
-                                                of the output projection)
-    value_weighted_L    (n_head, T, T) float32  alpha_ij * ||v_j W_O^h|| = ||alpha_ij v_j W_O^h||: how much
-                                                key j moves query i's output (Kobayashi et al. 2020)
+    value_norm_L        (n_head, T) float32     ||v_j W_O^h|| (insight/value_weighted.py says why)
+    value_weighted_L    (n_head, T, T) float32  alpha_ij * ||v_j W_O^h||: how much key j moves query i's output
 and `tokens` (each token's text), `token_ids` (exact ids). The value arrays are written when the dump
 is made from GPT.attention_internals (`dump_internals`, what sample.py does).
 
 sample.py also writes what each head does (`prompt_head_scores`), for EVERY layer of the model whatever
 --dump-attn selects, each (n_layer, n_head) float32 (insight/roles.py, insight/ablation.py define them):
     head_prev_token       mean alpha_{i,i-1} over the prompt's queries i >= 1
-    head_duplicate_token  on the role probe (start token, R random ordinary tokens, the same R again;
-    head_induction        ROLE_BATCH sequences, seeded): mean weight from each second-copy query i to
-                          i - R (its token's earlier occurrence) / to i - R + 1 (the token that followed it)
+    head_duplicate_token  the two scores of insight/roles.py on its role probe (ROLE_BATCH sequences, seeded:
+    head_induction        the same probe for every dump, so the scores of two models compare)
     head_ablation_dloss   the prompt's mean next-token loss (nats) with the head's output zeroed before
                           out_proj, minus the intact model's: > 0 = the model needs the head on this prompt
 A 1-token prompt has no next token and no previous one: head_prev_token and head_ablation_dloss are NaN
