@@ -191,6 +191,5 @@ def write_explorer(path: str | Path, internals: dict[int, AttentionInternals], t
                    selected: dict[int, list[int]] | None = None, *, options: ExplorerOptions = ExplorerOptions(),
                    scores: HeadScores | None = None) -> Path:
     """explorer_html(...) written to path (UTF-8); returns the path."""
-    path = Path(path)
     write_file(path, explorer_html(internals, tokens, selected, options=options, scores=scores))
-    return path
+    return Path(path)

@@ -101,9 +101,7 @@
       box.append(el("label", { title: `head ${h}` }, [cb, sw, String(h)]));
     }
   }
-  function syncToggles() {
-    for (let h = 0; h < H; h++) $(`head-toggle-${h}`).checked = st.heads.has(h);
-  }
+  function syncToggles() { for (let h = 0; h < H; h++) $(`head-toggle-${h}`).checked = st.heads.has(h); }
   function setLayer(L, heads, focus) {
     st.layer = L;
     st.heads = new Set(heads);

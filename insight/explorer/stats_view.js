@@ -50,10 +50,7 @@ window.attnStatsView = function (x) {
   // Numbers ascending (dir 1) or descending; roles alphabetically; missing values (NaN, no role) always last.
   function compare(a, b, key, dir) {
     const x = a[key], y = b[key];
-    if (key === "role") {
-      if (!x || !y) return (!x) - (!y);
-      return dir * x.localeCompare(y);
-    }
+    if (key === "role") return !x || !y ? (!x) - (!y) : dir * x.localeCompare(y);
     if (Number.isNaN(x) || Number.isNaN(y)) return Number.isNaN(x) - Number.isNaN(y);
     return dir * (x - y);
   }
