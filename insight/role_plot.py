@@ -32,7 +32,6 @@ SUMMARY_HEADS = 5  # induction heads named in the summary line
 class PhaseChange:
     """The snapshot `step` at which the largest induction score first reached the threshold, and the
     snapshot before it (`before_step`, where it was `before_score`); `score` is the largest at `step`."""
-
     step: int
     score: float
     before_step: int
