@@ -54,11 +54,8 @@ window.attnTextView = function (x) {
     $("text-layer").value = L;
     Array.from($("text-head").options).forEach((o, n) => { o.textContent = "head " + n + x.roleOf(L, n); });
     $("text-head").value = h;
-    const values = new Float64Array(i + 1), alphas = new Float64Array(i + 1);
-    for (let j = 0; j <= i; j++) {
-      alphas[j] = alpha(L, h, i, j);
-      values[j] = st.textVw ? alphas[j] * vnorm(L, h, j) : alphas[j];
-    }
+    const alphas = Float64Array.from({ length: i + 1 }, (_, j) => alpha(L, h, i, j));
+    const values = st.textVw ? alphas.map((a, j) => a * vnorm(L, h, j)) : alphas;
     const top = st.textVw ? Math.max(1e-30, ...values) : 1;
     for (let j = 0; j < W; j++) {
       const t = $(`t-tok-${j}`);
