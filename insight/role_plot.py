@@ -166,9 +166,7 @@ def draw_heads_over_training(rows: Iterable[Sequence], icl: Iterable[tuple[int, 
         else:
             top.plot(steps, values, linewidth=0.6, color="0.75")
     top.axhline(ROLE_THRESHOLDS["induction"], color="0.4", linestyle="--", linewidth=0.8)
-    top.set_ylim(-0.02, 1.02)
-    top.set_ylabel("induction score")
-    top.set_title(title)
+    top.set(ylim=(-0.02, 1.02), ylabel="induction score", title=title)
     change = phase_change(steps, _largest(series)) if series else None
     if change is not None:
         for axis in (top, bottom):
@@ -181,6 +179,5 @@ def draw_heads_over_training(rows: Iterable[Sequence], icl: Iterable[tuple[int, 
     if icl:
         bottom.plot([s for s, _ in icl], [v for _, v in icl], marker="o", markersize=2.5, color="black")
     bottom.axhline(0.0, color="0.6", linewidth=0.6)
-    bottom.set_ylabel("val ICL score (nats)")
-    bottom.set_xlabel("step")
+    bottom.set(ylabel="val ICL score (nats)", xlabel="step")
     return save_png(fig, path)
