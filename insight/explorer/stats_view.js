@@ -60,20 +60,18 @@ window.attnStatsView = function (x) {
     for (const th of document.querySelectorAll("#stats-table th")) {
       th.dataset.sort = th.dataset.col === key ? (dir > 0 ? "asc" : "desc") : "";
     }
-    const body = $("stats-table").tBodies[0];
-    body.replaceChildren();
-    for (const r of sorted) {
+    const td = (col, value, text) => el("td", { "data-col": col, "data-value": value }, text);
+    $("stats-table").tBodies[0].replaceChildren(...sorted.map((r) => {
       const tr = el("tr", { "data-layer": r.layer, "data-head": r.head, class: r.inFile ? "" : "absent" });
       if (!r.inFile) tr.title = `layer ${r.layer}'s maps are not in this file: sample.py --dump-attn ${r.layer}`;
-      tr.append(el("td", { "data-col": "layer", "data-value": r.layer }, r.layer),
-                el("td", { "data-col": "head", "data-value": r.head }, r.head));
+      tr.append(td("layer", r.layer, r.layer), td("head", r.head, r.head));
       if (hasScores) tr.append(el("td", { "data-col": "role", "data-value": r.role, class: "role" }, r.role));
       // scores in fixed point (0.001 reads better than 1.0e-3 beside 0.950); the maps' statistics as before
-      for (const s of M.score_names) tr.append(el("td", { "data-col": s, "data-value": r[s] }, Number.isFinite(r[s]) ? r[s].toFixed(3) : "–"));
-      for (const s of M.stat_names) tr.append(el("td", { "data-col": s, "data-value": r[s] }, fmt(r[s], 3)));
+      for (const s of M.score_names) tr.append(td(s, r[s], Number.isFinite(r[s]) ? r[s].toFixed(3) : "–"));
+      for (const s of M.stat_names) tr.append(td(s, r[s], fmt(r[s], 3)));
       if (r.inFile) tr.addEventListener("click", () => x.openHead(r.layer, r.head));
-      body.append(tr);
-    }
+      return tr;
+    }));
   }
 
   return { build, render };
