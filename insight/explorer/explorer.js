@@ -18,7 +18,7 @@
                vw: false, textVw: false, opened: null, sort: { key: null, dir: 1 }, tokenView: M.first_view };
   const api = window.attnExplorer = { meta: M, state: st, ready: false, detailReady: false,
                                       marks: { script: performance.now() } }; // ms since navigation began
-  let textView = null, statsView = null; // text_view.js and stats_view.js, built once the data is decoded
+  let textView = null; // text_view.js, built once the data is decoded (as stats_view.js)
 
   // ---- data --------------------------------------------------------------------------------------
   // base64 -> bytes: natively where the browser can, else in slices that leave the page responsive
@@ -340,12 +340,11 @@
     for (const b of document.querySelectorAll(".tab")) b.addEventListener("click", () => showTab(b.dataset.tab));
     const shared = { $, el, M, st, alpha, vnorm, fmt, label, W, H, setLayer, setFocus, pickQuery, openHead: showHead, roleOf };
     textView = window.attnTextView(shared);
-    statsView = window.attnStatsView(shared);
     buildHeadView(); buildStep(); textView.build();
     api.marks.headView = performance.now();
     buildModelView();
     api.marks.modelView = performance.now();
-    statsView.build();
+    window.attnStatsView(shared).build();
     setLayer(st.layer, M.selected[st.layer]);
     showTab(M.first_view); // the text view first for long or char-level prompts; the last query in sight
     api.ready = true;
