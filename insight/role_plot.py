@@ -144,8 +144,7 @@ def draw_heads_over_training(rows: Iterable[Sequence], icl: Iterable[tuple[int, 
     threshold dashed and the phase change (if any) marked; bottom, the val ICL score against the step.
     rows: (step, layer, head, induction score); icl: (step, score). At most NAMED_HEADS heads, those with
     the highest last score, are coloured and named; the others are thin grey lines. Returns the Figure (a
-    pyplot-free Agg figure); with path, also saved there as a PNG, written to a temporary file and renamed,
-    so a reader never sees half a picture."""
+    pyplot-free Agg figure), also saved as a PNG when path is given: whole, through `save_png`."""
     from matplotlib import colormaps
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
