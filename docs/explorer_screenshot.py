@@ -52,19 +52,17 @@ def main() -> None:
         heads = [int(h) for h in args.heads.split(",")]
         driver.find_element(By.ID, "tab-head").click()
         Select(driver.find_element(By.ID, "layer-select")).select_by_value(str(args.layer))
-        n_head = driver.execute_script("return window.attnExplorer.meta.n_head")
+        n_head, window = driver.execute_script("const m = window.attnExplorer.meta; return [m.n_head, m.window]")
         for h in range(n_head):
             box = driver.find_element(By.ID, f"head-toggle-{h}")
             if box.is_selected() != (h in heads):
                 box.click()
-        window = driver.execute_script("return window.attnExplorer.meta.window")
         query = args.query % window
         driver.find_element(By.ID, f"q-tok-{query}").click()
         Select(driver.find_element(By.ID, "step-head")).select_by_value(str(args.focus if args.focus is not None else heads[0]))
-        if args.value_weighted:
-            driver.find_element(By.ID, "value-weighted").click()
-        if args.sort:
-            driver.find_element(By.ID, "step-sort").click()
+        for wanted, toggle in ((args.value_weighted, "value-weighted"), (args.sort, "step-sort")):
+            if wanted:
+                driver.find_element(By.ID, toggle).click()
         # show the chosen query's rows: scroll the head view so the query sits near the bottom
         driver.execute_script("""const s = document.getElementById('head-scroll');
             s.scrollTop = Math.max(0, (arguments[0] + 2) * 18 - s.clientHeight); window.scrollTo(0, 0);""", query)

@@ -4,20 +4,16 @@
 attn.npz holds, for each dumped layer L (T = the prompt's tokens):
     layer_L             (n_head, T, T) float32  the attention weights alpha_ij (rows sum to 1, future 0)
     heads_L             (k,) int64              the selected heads (the PNG draws these; every head is stored)
-    value_norm_L        (n_head, T) float32     ||v_j W_O^h||: the length of key j's value vector once head h
-                                                writes it into the residual stream (W_O^h: head h's columns
-                                                of the output projection)
-    value_weighted_L    (n_head, T, T) float32  alpha_ij * ||v_j W_O^h|| = ||alpha_ij v_j W_O^h||: how much
-                                                key j moves query i's output (Kobayashi et al. 2020)
+    value_norm_L        (n_head, T) float32     ||v_j W_O^h|| (insight/value_weighted.py says why)
+    value_weighted_L    (n_head, T, T) float32  alpha_ij * ||v_j W_O^h||: how much key j moves query i's output
 and `tokens` (each token's text), `token_ids` (exact ids). The value arrays are written when the dump
 is made from GPT.attention_internals (`dump_internals`, what sample.py does).
 
 sample.py also writes what each head does (`prompt_head_scores`), for EVERY layer of the model whatever
 --dump-attn selects, each (n_layer, n_head) float32 (insight/roles.py, insight/ablation.py define them):
     head_prev_token       mean alpha_{i,i-1} over the prompt's queries i >= 1
-    head_duplicate_token  on the role probe (start token, R random ordinary tokens, the same R again;
-    head_induction        ROLE_BATCH sequences, seeded): mean weight from each second-copy query i to
-                          i - R (its token's earlier occurrence) / to i - R + 1 (the token that followed it)
+    head_duplicate_token  the two scores of insight/roles.py on its role probe (ROLE_BATCH sequences, seeded:
+    head_induction        the same probe for every dump, so the scores of two models compare)
     head_ablation_dloss   the prompt's mean next-token loss (nats) with the head's output zeroed before
                           out_proj, minus the intact model's: > 0 = the model needs the head on this prompt
 A 1-token prompt has no next token and no previous one: head_prev_token and head_ablation_dloss are NaN
@@ -92,16 +88,13 @@ def prompt_head_scores(model, idx: torch.Tensor, tokenizer, role_batch: int = RO
         probe_note = (f"duplicate_token and induction are NaN: block_size {model.config.block_size} leaves no room "
                       f"for the role probe (a start token and two copies)")
     roles = probe_role_scores(model, probe) if probe is not None else {"duplicate_token": nan, "induction": nan}
-    if T >= 2:  # a 1-token prompt has no previous token
+    if T >= 2:  # a 1-token prompt has no previous token and no next one
         maps = model.attention_maps(idx)  # {layer: (1, n_head, T, T)}, eval mode
         roles["prev_token"] = np.stack([prev_token_score(maps[layer]) for layer in range(n_layer)])
-    else:
-        roles["prev_token"] = nan
-    if T >= 2:
         dloss = ablation_dloss(model, idx, mode="zero")
         prompt_note = f"prev_token and ablation Δloss over the prompt's {T} tokens"
     else:
-        dloss = np.full((n_layer, n_head), np.nan)
+        roles["prev_token"] = dloss = nan
         prompt_note = ("prev_token and ablation Δloss are NaN: a 1-token prompt has no previous token and no "
                        "next token to predict (give a longer prompt)")
     note = f"{prompt_note}; {probe_note}; ablation: the head's output zeroed before out_proj"
@@ -114,13 +107,11 @@ def dump_attention(weights_by_layer: dict[int, torch.Tensor], heads_by_layer: di
                    token_ids: Sequence[int] | None = None,
                    value_norms: dict[int, torch.Tensor] | None = None,
                    head_scores: dict[str, np.ndarray] | None = None) -> list[Path]:
-    """Write `attn.npz` (per layer `layer_L`: all heads (n_head, T, T) float32, `heads_L`: the selected heads;
-    `tokens`: the token strings; `token_ids`: the ids, when given - exact where a numpy string array is not,
+    """Write `attn.npz` (its keys: module doc; `token_ids` when given, exact where a numpy string array is not,
     e.g. it drops a token's trailing NUL) and one heatmap `layer_L.png` of the selected heads per layer.
-    weights_by_layer holds (n_head, T, T) maps, e.g. GPT.attention_maps(idx)[L][0]. value_norms, when
-    given, holds (n_head, T) ||v_j W_O^h|| per layer (insight.value_weighted): then `value_norm_L` and
-    `value_weighted_L` are written too (see the module docstring). head_scores, when given, holds
-    {name: (n_layer, n_head)} arrays (`prompt_head_scores`), written as `head_{name}` float32."""
+    weights_by_layer: (n_head, T, T) maps per layer, e.g. GPT.attention_maps(idx)[L][0]; value_norms, when given:
+    (n_head, T) ||v_j W_O^h|| per layer (insight.value_weighted), for `value_norm_L` and `value_weighted_L`;
+    head_scores, when given: {name: (n_layer, n_head)} (`prompt_head_scores`), written as `head_{name}`."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     arrays: dict[str, np.ndarray] = {"tokens": np.array(list(tokens), dtype=str)}

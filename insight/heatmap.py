@@ -71,7 +71,7 @@ def colour_bar_ticks(vmax: float) -> list[float]:
         if t <= vmax and math.sqrt(t / vmax) - math.sqrt(ticks[-1] / vmax) >= 0.125:
             ticks.append(t)
     if 1.0 - math.sqrt(ticks[-1] / vmax) >= 0.125:
-        ticks.append(float(f"{vmax:.2g}") if float(f"{vmax:.2g}") <= vmax else vmax)
+        ticks.append(min(float(f"{vmax:.2g}"), vmax))
     return ticks
 
 
@@ -91,29 +91,26 @@ def _heads(heads: Sequence[int] | None, n_head: int) -> list[int]:
     return heads
 
 
-def _label_cells(ax, axis: str, ticks: list[int], names: list[str], fontsize: float, rotate: bool) -> None:
-    """names[i] beside cell ticks[i] of a panel, under it (axis "x") or left of it ("y"), 2 pt away, as plain
-    Text artists. Not matplotlib's ticks: a Tick is a label, two marker lines and a layout of its own, and
+def _label_cells(ax, axis: str, labels: _CellLabels) -> None:
+    """A panel's labels.names[i] beside cell labels.ticks[i], under it ("x") or left of it ("y"), 2 pt away, as
+    plain Text artists. Not matplotlib's ticks: a Tick is a label, two marker lines and a layout of its own, and
     making and measuring the 512 of a 64-token zoom of 4 heads took 1.0 s of its 1.45 s (cProfile)."""
     from matplotlib.transforms import offset_copy
-    if axis == "x":  # x in data coordinates (the cell's centre), y in axes coordinates (the panel's bottom edge)
-        where = offset_copy(ax.get_xaxis_transform(), fig=ax.figure, y=-2, units="points")
-        for t, name in zip(ticks, names):
-            ax.text(t, 0, name, transform=where, fontsize=fontsize, rotation=90 if rotate else 0, ha="center",
-                    va="top", gid=CELL_LABEL_X)
-    else:
-        where = offset_copy(ax.get_yaxis_transform(), fig=ax.figure, x=-2, units="points")
-        for t, name in zip(ticks, names):
-            ax.text(0, t, name, transform=where, fontsize=fontsize, ha="right", va="center", gid=CELL_LABEL_Y)
+    x = axis == "x"  # x: the cell's centre in data coordinates on the panel's bottom edge (axes coordinates)
+    where = offset_copy(ax.get_xaxis_transform() if x else ax.get_yaxis_transform(), fig=ax.figure,
+                        x=0 if x else -2, y=-2 if x else 0, units="points")
+    for t, name in zip(labels.ticks, labels.names):
+        ax.text(*((t, 0) if x else (0, t)), name, transform=where, fontsize=labels.fontsize,
+                rotation=90 if x and labels.rotate else 0, ha="center" if x else "right", va="top" if x else "center",
+                gid=CELL_LABEL_X if x else CELL_LABEL_Y)
 
 
 def cell_labels(ax, axis: str) -> list[tuple[float, str, float]]:
     """The labels a panel of draw_heatmap / draw_heatmap_zoom shows along `axis` ("x": keys, "y": queries): (the
     cell they label, in data coordinates, text, font size) from first to last cell."""
     gid = CELL_LABEL_X if axis == "x" else CELL_LABEL_Y
-    found = [(t.get_position()[0 if axis == "x" else 1], t.get_text(), t.get_fontsize()) for t in ax.texts
-             if t.get_gid() == gid]
-    return sorted(found)
+    return sorted((t.get_position()[0 if axis == "x" else 1], t.get_text(), t.get_fontsize()) for t in ax.texts
+                  if t.get_gid() == gid)
 
 
 @dataclass(frozen=True)
@@ -147,22 +144,20 @@ def _draw_grid(panels: np.ndarray, heads: list[int], panel: float, labels: _Cell
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    ticks, names, fontsize, rotate = labels.ticks, labels.names, labels.fontsize, labels.rotate
-    title, xlabel, ylabel = captions.title, captions.xlabel, captions.ylabel
     n = panels.shape[-1]
     ncols = math.ceil(math.sqrt(len(heads)))
     nrows = math.ceil(len(heads) / ncols)
     # inches: the widest tick label (a glyph is at most ~0.62 em wide), one line of text, a small gap
-    label_long = max((len(t) for t in names), default=1) * fontsize * 0.62 / 72 + 0.06
-    label_line = fontsize * 1.3 / 72 + 0.06
+    label_long = max((len(t) for t in labels.names), default=1) * labels.fontsize * 0.62 / 72 + 0.06
+    label_line = labels.fontsize * 1.3 / 72 + 0.06
     y_label_w = label_long  # y tick labels beside a panel
-    x_label_h = label_long if rotate else label_line  # x tick labels under it
+    x_label_h = label_long if labels.rotate else label_line  # x tick labels under it
     title_h, gap = 0.28, 0.12  # a panel's "head h" title; space between neighbouring panels
     cell_w = panel + gap + (y_label_w if every_panel else 0.0)
     cell_h = panel + title_h + gap + (x_label_h if every_panel else 0.0)
     left = 0.3 + (0.0 if every_panel else y_label_w)  # the grid's y label, then the outer tick labels
     bottom = 0.3 + (0.0 if every_panel else x_label_h)
-    top = 0.45 if title else 0.1
+    top = 0.45 if captions.title else 0.1
     bar_w, bar_pad, bar_labels = 0.15, 0.15, 0.75  # the colour bar, its gap, its ticks and label
     # whole pixels at dpi 100 (a saved PNG is exactly figsize x dpi)
     width = math.ceil(100 * (left + ncols * cell_w + bar_pad + bar_w + bar_labels)) / 100
@@ -182,14 +177,11 @@ def _draw_grid(panels: np.ndarray, heads: list[int], panel: float, labels: _Cell
         image = ax.imshow(np.ma.masked_array(panels[k], mask=future), cmap=cmap, norm=norm,
                           interpolation="nearest", aspect="auto")
         ax.set_title(f"head {h}", fontsize=9)
-        labelled_bottom = k + ncols >= len(heads) or every_panel
-        labelled_left = col == 0 or every_panel
-        ax.set_xticks([])
-        ax.set_yticks([])
-        if labelled_bottom:
-            _label_cells(ax, "x", ticks, names, fontsize, rotate)
-        if labelled_left:
-            _label_cells(ax, "y", ticks, names, fontsize, False)
+        ax.set(xticks=[], yticks=[])
+        if k + ncols >= len(heads) or every_panel:  # the bottom row's keys, or every panel's
+            _label_cells(ax, "x", labels)
+        if col == 0 or every_panel:
+            _label_cells(ax, "y", labels)
     grid_top = height - top
     grid_h = nrows * cell_h - title_h - gap
     bar_h = grid_h * min(1.0, 0.4 + 0.3 * nrows) * 0.8
@@ -199,25 +191,22 @@ def _draw_grid(panels: np.ndarray, heads: list[int], panel: float, labels: _Cell
     bar = fig.colorbar(image, cax=bar_ax, label="attention weight (colour ∝ √weight)")
     ticks_w = colour_bar_ticks(vmax)
     bar.set_ticks(ticks_w, labels=[f"{t:.2g}" for t in ticks_w])
-    fig.supxlabel(xlabel, fontsize=9, x=(left + ncols * cell_w / 2) / width, y=0.08 / height, va="bottom")
-    fig.supylabel(ylabel, fontsize=9, x=0.06 / width, y=(bottom + nrows * cell_h / 2) / height, ha="left")
-    if title:
-        fig.suptitle(title, fontsize=11, y=1 - 0.08 / height, va="top")
+    fig.supxlabel(captions.xlabel, fontsize=9, x=(left + ncols * cell_w / 2) / width, y=0.08 / height, va="bottom")
+    fig.supylabel(captions.ylabel, fontsize=9, x=0.06 / width, y=(bottom + nrows * cell_h / 2) / height, ha="left")
+    if captions.title:
+        fig.suptitle(captions.title, fontsize=11, y=1 - 0.08 / height, va="top")
     return fig
 
 
 def draw_heatmap(weights: ArrayLike, tokens: Sequence[str] | None = None, title: str = "",
                  path: str | Path | None = None, heads: Sequence[int] | None = None) -> "Figure":
-    """Draw attention maps (n_head, T, T) as a near-square grid of heatmaps, one per head, titled "head h".
-
+    """Attention maps (n_head, T, T) as a near-square grid of heatmaps, one per head, titled "head h".
     tokens (length T, shown via `token_label`) label both outer axes of the grid when T <= LABEL_MAX_T
     and the panels can be made big enough for 6 pt labels within the size cap (fewer heads: bigger
     panels); otherwise ticks are numbered positions (draw fewer `heads`, or `draw_heatmap_zoom`, to get
-    the tokens back). Colours share one scale, 0 .. the largest weight shown, through √ (`weight_norm`),
-    with one colour bar labelled in weights; the masked future (upper triangle) is light grey. heads
-    picks which heads to draw (default all). Always returns the Figure (a pyplot-free Agg figure: freed
-    once unreferenced); when path is given it is also saved there as a PNG at dpi 100.
-    """
+    the tokens back). One √ colour scale (`weight_norm`), 0 .. the largest weight shown, with one colour bar
+    in weights; the masked future (upper triangle) light grey. heads: which to draw (default all). Returns
+    the Figure, also saved as a PNG at dpi 100 when path is given."""
     w = _maps(weights, tokens, "draw_heatmap")
     n_head, T, _ = w.shape
     heads = _heads(heads, n_head)
@@ -232,9 +221,7 @@ def draw_heatmap(weights: ArrayLike, tokens: Sequence[str] | None = None, title:
     names = [token_label(t) for t in tokens] if labelled else [str(t) for t in ticks]
     fig = _draw_grid(w[heads], heads, panel, _CellLabels(ticks, names, fontsize, rotate=labelled),
                      _Captions(title, "key", "query"))
-    if path is not None:
-        save_png(fig, path)
-    return fig
+    return save_png(fig, path)
 
 
 def draw_heatmap_zoom(weights: ArrayLike, tokens: Sequence[str] | None, path: str | Path | None = None,
@@ -264,9 +251,7 @@ def draw_heatmap_zoom(weights: ArrayLike, tokens: Sequence[str] | None, path: st
     captions = _Captions(f"{title}: {head_line}" if title else head_line, f"key ({span})", f"query ({span})")
     fig = _draw_grid(w[heads][:, start:, start:], heads, panel, _CellLabels(ticks, names, fontsize, rotate=True),
                      captions, every_panel=True)
-    if path is not None:
-        save_png(fig, path)
-    return fig
+    return save_png(fig, path)
 
 
 def attention_grid_image(weights: ArrayLike, tokens: Sequence[str] | None = None, title: str = "",
@@ -277,6 +262,9 @@ def attention_grid_image(weights: ArrayLike, tokens: Sequence[str] | None = None
     return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()  # (H, W, 3)
 
 
-def save_png(fig: "Figure", path: str | Path) -> None:
-    """`fig` as a PNG at dpi 100, written whole through common/writes.py (a link at `path` is replaced)."""
-    write_file(path, lambda f: fig.savefig(f, format="png", dpi=100))
+def save_png(fig: "Figure", path: str | Path | None) -> "Figure":
+    """`fig`, written (when path is given) as a PNG at dpi 100, whole, through common/writes.py (a link at `path`
+    is replaced)."""
+    if path is not None:
+        write_file(path, lambda f: fig.savefig(f, format="png", dpi=100))
+    return fig

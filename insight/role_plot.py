@@ -32,7 +32,6 @@ SUMMARY_HEADS = 5  # induction heads named in the summary line
 class PhaseChange:
     """The snapshot `step` at which the largest induction score first reached the threshold, and the
     snapshot before it (`before_step`, where it was `before_score`); `score` is the largest at `step`."""
-
     step: int
     score: float
     before_step: int
@@ -48,17 +47,14 @@ def head_series(rows: Iterable[Sequence]) -> tuple[np.ndarray, dict[tuple[int, i
     for step, layer, head, score in rows:
         step = int(step)
         steps.add(step)
-        table.setdefault((int(layer), int(head)), {})[step] = _number(score)
+        try:
+            value = float(score)
+        except (TypeError, ValueError):
+            value = math.nan
+        table.setdefault((int(layer), int(head)), {})[step] = value
     ordered = np.array(sorted(steps), dtype=np.int64)
     series = {key: np.array([values.get(int(s), math.nan) for s in ordered]) for key, values in sorted(table.items())}
     return ordered, series
-
-
-def _number(value) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
 
 
 def phase_change(steps: Sequence[int], max_scores: Sequence[float],
@@ -107,28 +103,25 @@ def induction_summary(rows: Iterable[Sequence], icl: Iterable[tuple[int, float]]
     icl = sorted((int(s), float(v)) for s, v in icl)
     if not len(steps):
         return "induction heads: no attention snapshot yet"
+    threshold = ROLE_THRESHOLDS["induction"]
     heads = induction_heads(series)
     if heads:
-        named = ", ".join(f"L{layer}.H{head} ({score_text(score, ROLE_THRESHOLDS['induction'])})"
+        named = ", ".join(f"L{layer}.H{head} ({score_text(score, threshold)})"
                           for layer, head, score in heads[:SUMMARY_HEADS])
         more = f" and {len(heads) - SUMMARY_HEADS} more" if len(heads) > SUMMARY_HEADS else ""
         text = f"induction heads: {named}{more}"
     else:
         last = {key: values[-1] for key, values in series.items() if np.isfinite(values[-1])}
         best = max(last, key=last.get) if last else None
-        text = (f"induction heads: none above {ROLE_THRESHOLDS['induction']} "
-                + (f"(largest L{best[0]}.H{best[1]} {score_text(last[best], ROLE_THRESHOLDS['induction'])})"
-                   if best else "(no score)"))
+        largest_text = f"(largest L{best[0]}.H{best[1]} {score_text(last[best], threshold)})" if best else "(no score)"
+        text = f"induction heads: none above {threshold} {largest_text}"
     largest = _largest(series)
     change = phase_change(steps, largest)
     if change is None:
-        if len(steps) and largest[0] >= PHASE_THRESHOLD:
-            text += f"; no phase change in this run (largest induction score " \
-                    f"{score_text(largest[0], PHASE_THRESHOLD)} at its first " \
-                    f"snapshot, step {int(steps[0])})"
-        else:
-            text += f"; no phase change (largest induction score stayed below {PHASE_THRESHOLD})"
-        return text
+        if largest[0] >= PHASE_THRESHOLD:
+            return text + (f"; no phase change in this run (largest induction score "
+                           f"{score_text(largest[0], PHASE_THRESHOLD)} at its first snapshot, step {int(steps[0])})")
+        return text + f"; no phase change (largest induction score stayed below {PHASE_THRESHOLD})"
     text += (f"; phase change at step {change.step} (largest induction score "
              f"{score_text(change.before_score, PHASE_THRESHOLD)} at step {change.before_step} -> "
              f"{score_text(change.score, PHASE_THRESHOLD)}")
@@ -151,8 +144,8 @@ def draw_heads_over_training(rows: Iterable[Sequence], icl: Iterable[tuple[int, 
     threshold dashed and the phase change (if any) marked; bottom, the val ICL score against the step.
     rows: (step, layer, head, induction score); icl: (step, score). At most NAMED_HEADS heads, those with
     the highest last score, are coloured and named; the others are thin grey lines. Returns the Figure (a
-    pyplot-free Agg figure); with path, also saved there as a PNG, written to a temporary file and renamed,
-    so a reader never sees half a picture."""
+    pyplot-free Agg figure), also saved as a PNG when path is given: whole, through `save_png`."""
+    from matplotlib import colormaps
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -163,23 +156,20 @@ def draw_heads_over_training(rows: Iterable[Sequence], icl: Iterable[tuple[int, 
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(2.2, 1.0))
     ranked = sorted(series, key=lambda key: -np.nan_to_num(series[key][-1], nan=-1.0))
     named = set(ranked[:NAMED_HEADS])
-    colours = _colours(len(named))
+    palette = colormaps["tab20" if len(named) > 10 else "tab10"]
     for key in reversed(ranked):  # named heads drawn last, on top
         values = series[key]
         if key in named:
             top.plot(steps, values, marker="o", markersize=2.5, linewidth=1.5,
-                     color=colours[ranked.index(key)], label=f"{key[0]}.{key[1]}")
+                     color=palette(ranked.index(key) % palette.N), label=f"{key[0]}.{key[1]}")
         else:
             top.plot(steps, values, linewidth=0.6, color="0.75")
     top.axhline(ROLE_THRESHOLDS["induction"], color="0.4", linestyle="--", linewidth=0.8)
-    top.set_ylim(-0.02, 1.02)
-    top.set_ylabel("induction score")
-    top.set_title(title)
+    top.set(ylim=(-0.02, 1.02), ylabel="induction score", title=title)
     change = phase_change(steps, _largest(series)) if series else None
-    for axis in (top, bottom):
-        if change is not None:
-            axis.axvline(change.step, color="tab:red", linewidth=0.9, alpha=0.7)
     if change is not None:
+        for axis in (top, bottom):
+            axis.axvline(change.step, color="tab:red", linewidth=0.9, alpha=0.7)
         top.annotate(f"phase change, step {change.step}", (change.step, 0.03), xytext=(4, 0),
                      textcoords="offset points", color="tab:red", fontsize=8)
     if named:
@@ -188,15 +178,5 @@ def draw_heads_over_training(rows: Iterable[Sequence], icl: Iterable[tuple[int, 
     if icl:
         bottom.plot([s for s, _ in icl], [v for _, v in icl], marker="o", markersize=2.5, color="black")
     bottom.axhline(0.0, color="0.6", linewidth=0.6)
-    bottom.set_ylabel("val ICL score (nats)")
-    bottom.set_xlabel("step")
-    if path is not None:
-        save_png(fig, path)
-    return fig
-
-
-def _colours(n: int) -> list:
-    from matplotlib import colormaps
-
-    palette = colormaps["tab20" if n > 10 else "tab10"]
-    return [palette(k % palette.N) for k in range(max(n, 1))]
+    bottom.set(ylabel="val ICL score (nats)", xlabel="step")
+    return save_png(fig, path)

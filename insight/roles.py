@@ -27,15 +27,13 @@ earlier occurrence of query i's token. Below R = 3 (block_size < 7) a role key i
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence, Union
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
 from insight.ablation import eval_mode
-from insight.stats import _as_maps
-
-ArrayLike = Union[torch.Tensor, np.ndarray]
+from insight.stats import ArrayLike, _as_maps
 
 ROLE_NAMES = ("prev_token", "duplicate_token", "induction")
 # A head is labelled with a role when its score passes 0.4: well above what attention spread over the
@@ -91,27 +89,25 @@ def prev_token_score(weights: ArrayLike) -> np.ndarray:
     return _mean_on_diagonal(w, range(1, T), 1)
 
 
-def _check_probe_maps(w: torch.Tensor, R: int) -> None:
+def _probe_maps(weights: ArrayLike, R: int) -> torch.Tensor:
+    w = _as_maps(weights)
     if R < 1 or w.shape[-1] < 1 + 2 * R:
         raise ValueError(f"role-probe maps of {w.shape[-1]} positions do not hold a probe with R={R}: "
                          f"it needs 1 + 2R positions (start token, two copies of R tokens)")
+    return w
 
 
 def duplicate_token_score(weights: ArrayLike, R: int) -> np.ndarray:
     """Mean w[i, i - R] over the second copy's queries i = R+1..2R of the role probe and the batch, per
     head: (n_head,) float64. weights: the probe's maps, (n_head, T, T) or (B, n_head, T, T), T >= 1 + 2R."""
-    w = _as_maps(weights)
-    _check_probe_maps(w, R)
-    return _mean_on_diagonal(w, range(R + 1, 2 * R + 1), R)
+    return _mean_on_diagonal(_probe_maps(weights, R), range(R + 1, 2 * R + 1), R)
 
 
 def induction_score(weights: ArrayLike, R: int) -> np.ndarray:
     """Mean w[i, i - R + 1] over the second copy's queries i = R+1..2R of the role probe and the batch, per
     head: (n_head,) float64, the token after the earlier occurrence of query i's token. For R = 1 that key
     is the query itself (i - R + 1 = i)."""
-    w = _as_maps(weights)
-    _check_probe_maps(w, R)
-    return _mean_on_diagonal(w, range(R + 1, 2 * R + 1), R - 1)
+    return _mean_on_diagonal(_probe_maps(weights, R), range(R + 1, 2 * R + 1), R - 1)
 
 
 def role_label(prev: float, dup: float, ind: float) -> str:

@@ -53,31 +53,25 @@ def _row_mean(per_row: torch.Tensor) -> np.ndarray:
 
 
 def attention_entropy(weights: ArrayLike) -> np.ndarray:
-    """Normalised attention entropy per head, (n_head,).
-
-    Row i's entropy -sum_j w_ij log w_ij (0 log 0 = 0) divided by log(i + 1), the entropy of uniform
-    attention over the i + 1 visible keys; averaged over query rows 1..T-1 (row 0 has log 1 = 0) and
-    over the batch. 1 = uniform, 0 = all weight on one key.
-    """
+    """Normalised attention entropy per head, (n_head,): row i's -sum_j w_ij log w_ij (0 log 0 = 0) over log(i + 1),
+    uniform attention's over the i + 1 visible keys, averaged over query rows 1..T-1 (row 0 has log 1 = 0) and
+    the batch. 1 = uniform, 0 = all weight on one key."""
     w = _as_maps(weights)  # (B, H, T, T)
-    T = w.shape[-1]
     h = -torch.special.xlogy(w, w).sum(dim=-1)  # (B, H, T) in nats
-    norm = torch.log(torch.arange(1, T + 1, device=w.device, dtype=w.dtype)).clamp_min(1e-30)  # (T,): log(i+1)
+    norm = torch.log(torch.arange(1, w.shape[-1] + 1, device=w.device, dtype=w.dtype)).clamp_min(1e-30)  # log(i+1)
     return _row_mean(h / norm)
 
 
 def sink_mass(weights: ArrayLike) -> np.ndarray:
     """Mean weight on key 0 per head, (n_head,), over query rows 1..T-1 (row 0's is always 1) and the batch."""
-    w = _as_maps(weights)
-    return _row_mean(w[..., :, 0])  # (B, H, T)
+    return _row_mean(_as_maps(weights)[..., :, 0])  # (B, H, T)
 
 
 def mean_distance(weights: ArrayLike) -> np.ndarray:
     """Mean attention distance in tokens per head, (n_head,): sum_j w_ij (i - j), averaged over query
     rows 1..T-1 (row 0's is always 0) and the batch. Uniform causal attention gives i/2 on row i."""
     w = _as_maps(weights)
-    T = w.shape[-1]
-    pos = torch.arange(T, device=w.device, dtype=w.dtype)  # (T,)
+    pos = torch.arange(w.shape[-1], device=w.device, dtype=w.dtype)  # (T,)
     dist = pos * w.sum(dim=-1) - w @ pos  # (B, H, T): i * sum_j w_ij - sum_j w_ij j
     return _row_mean(dist)
 
@@ -124,13 +118,9 @@ def _log_log_fit(weights: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
 
 
 def decay_exponent(weights: ArrayLike) -> np.ndarray:
-    """Power-law decay exponent gamma per head, (n_head,), positive when attention decays with distance.
-
-    Fits log m(d) = c - gamma * log d by least squares over d = 1..T-2, m the distance profile of keys
-    j >= 1 pooled over the batch (`distance_profile(..., skip_first_key=True)`; why key 0 is left out: module
-    doc), skipping distances with m(d) <= 0 or not finite; weights ~ d**-2 give gamma = 2. NaN for a head
-    with fewer than 2 usable distances.
-    """
+    """Power-law decay exponent gamma per head, (n_head,), positive when attention decays with distance: the
+    fit of `_log_log_fit`, to the profile pooled over the batch (why key 0 is left out: module doc); weights
+    ~ d**-2 give gamma = 2. NaN for a head with fewer than 2 usable distances."""
     return _log_log_fit(weights)[0]
 
 

@@ -4,17 +4,12 @@
     html = explorer_html(internals, tokens, options=ExplorerOptions(title="step 100", window=128),
                          scores=HeadScores(*prompt_head_scores(model, idx, tokenizer)))  # insight.dump's
 
-Views: the head view (tokens in two columns, lines from a token to what it attends to, weight as
-opacity, one colour per head, heads toggled, layer chosen; a toggle draws value-weighted attention
-||alpha_ij v_j W_O^h|| instead), the text view (the prompt as running text; pointing at a token shades
-every earlier token by its weight in one head, or by its value-weighted norm, and lists the largest
-weights: "it" → "animal" 0.65, "street" 0.20, ...; the first view when the prompt has more than
-TEXT_VIEW_TOKENS tokens or is char-level), the model view (every layer x head as a small map; click one
-to open it), the step-by-step arithmetic of one (layer, head, query) with the model's own q, k and v,
-and the per-head statistics as a table sorted by any column, with what each head does when the caller
-passes `scores` (HeadScores of insight/dump.prompt_head_scores: prev_token, duplicate_token, induction,
-ablation_dloss of every layer) and a role label per head by insight.roles.role_label's thresholds;
-a click on a row opens that head.
+Views (docs/attention.md, "The explorer", describes each): the head view, with value-weighted attention
+||alpha_ij v_j W_O^h|| as a toggle; the text view (text_view.js), the first one when the prompt has more than
+TEXT_VIEW_TOKENS tokens or is char-level; the model view; the step-by-step arithmetic of one (layer, head, query)
+with the model's own q, k and v; and the Statistics tab (stats_view.js), the per-head statistics with what each
+head does when the caller passes `scores` (HeadScores of insight/dump.prompt_head_scores: prev_token,
+duplicate_token, induction, ablation_dloss of every layer) and a role label by insight.roles.role_label.
 
 The file needs no network: its JS (JS_FILES) and CSS (explorer.css) are inlined into template.html,
 its data is a JSON header plus two base64 gzip blobs (pack.py) that the browser's DecompressionStream
@@ -126,8 +121,7 @@ def explorer_html(internals: dict[int, AttentionInternals], tokens: Sequence[str
     (one string per position). selected: {layer: heads} shown first (default all heads); options: the
     page's title, header, window and size budget (ExplorerOptions). scores, when given, are shown in the
     Statistics tab beside the maps' statistics with a role label per head, and their note with them."""
-    title, info, n_layer = options.title, options.info, options.n_layer
-    window, max_bytes, item = options.window, options.max_bytes, options.item
+    item = options.item
     head_scores, scores_note = (None, "") if scores is None else (scores.values, scores.note)
     layers = sorted(internals)
     if not layers:
@@ -139,7 +133,7 @@ def explorer_html(internals: dict[int, AttentionInternals], tokens: Sequence[str
     selected = {layer: list(range(n_head)) for layer in layers} if selected is None else selected
     if sorted(selected) != layers or not all(selected[layer] for layer in layers):
         raise ValueError(f"selected must name some heads of each layer {layers}, got {selected}")
-    W = min(T, window)
+    W = min(T, options.window)
 
     data = Blob()
     stats = {}
@@ -154,7 +148,8 @@ def explorer_html(internals: dict[int, AttentionInternals], tokens: Sequence[str
 
     char_level = W > 1 and all(len(t) == 1 for t in tokens[:W])
     scores = _scores_meta(head_scores, n_head)
-    meta = {"format": 1, "title": title, "info": info, "n_layer": n_layer or max(layers[-1] + 1, len(scores["roles"])),
+    meta = {"format": 1, "title": options.title, "info": options.info,
+            "n_layer": options.n_layer or max(layers[-1] + 1, len(scores["roles"])),
             "layers": layers, "n_head": n_head, "n_kv_head": n_kv_head, "head_dim": head_dim, "n_tokens": T,
             "window": W, "labels": [token_label(t, max_len=16) for t in tokens[:W]],
             "texts": [str(t) for t in tokens[:W]], "char_level": char_level,
@@ -169,7 +164,7 @@ def explorer_html(internals: dict[int, AttentionInternals], tokens: Sequence[str
     # q/k/v in float32 in what the weights leave of the budget: base64 makes 4 bytes of 3, gzip
     # hardly shrinks float32; each array adds ~50 bytes of JSON. Checked after building, shed if over.
     head_bytes = W * head_dim * 4
-    spare = max_bytes - len(_render(meta, data_gz, b"").encode("utf-8")) - 256
+    spare = options.max_bytes - len(_render(meta, data_gz, b"").encode("utf-8")) - 256
     order = detail_order(layers, selected, n_head)
     chosen = choose_detail(order, n_head // n_kv_head, head_bytes, int(spare * 3 / 4 / 1.002) - 120 * len(order))
     while True:
@@ -184,7 +179,7 @@ def explorer_html(internals: dict[int, AttentionInternals], tokens: Sequence[str
         meta["detail_heads"] = {str(layer): heads for layer, heads in sorted(chosen.items())}
         meta["detail_arrays"] = detail.specs
         html = _render(meta, data_gz, detail.gzipped())
-        if len(html.encode("utf-8")) <= max_bytes or not chosen:
+        if len(html.encode("utf-8")) <= options.max_bytes or not chosen:
             return html
         last = max(chosen)  # over budget (rare: the estimate is generous): drop the last head kept
         chosen[last].pop()
@@ -196,6 +191,5 @@ def write_explorer(path: str | Path, internals: dict[int, AttentionInternals], t
                    selected: dict[int, list[int]] | None = None, *, options: ExplorerOptions = ExplorerOptions(),
                    scores: HeadScores | None = None) -> Path:
     """explorer_html(...) written to path (UTF-8); returns the path."""
-    path = Path(path)
     write_file(path, explorer_html(internals, tokens, selected, options=options, scores=scores))
-    return path
+    return Path(path)

@@ -18,10 +18,9 @@
                vw: false, textVw: false, opened: null, sort: { key: null, dir: 1 }, tokenView: M.first_view };
   const api = window.attnExplorer = { meta: M, state: st, ready: false, detailReady: false,
                                       marks: { script: performance.now() } }; // ms since navigation began
-  let textView = null, statsView = null; // text_view.js and stats_view.js, built once the data is decoded
+  let textView = null; // text_view.js, built once the data is decoded (as stats_view.js)
 
   // ---- data --------------------------------------------------------------------------------------
-  const pause = () => new Promise((resolve) => setTimeout(resolve, 0));
   // base64 -> bytes: natively where the browser can, else in slices that leave the page responsive
   async function bytesOf(id) {
     const text = $(id).textContent.trim();
@@ -32,7 +31,7 @@
     for (let start = 0, o = 0; start < text.length; start += SLICE) {
       const bin = atob(text.slice(start, start + SLICE));
       for (let i = 0; i < bin.length; i++) out[o++] = bin.charCodeAt(i);
-      await pause();
+      await new Promise((resolve) => setTimeout(resolve, 0)); // let the page breathe between slices
     }
     return out;
   }
@@ -48,8 +47,7 @@
   }
   // the 8-bit weight of query i on key j, dequantised: code / 255 * the row's largest weight
   function alpha(L, h, i, j) {
-    if (j > i) return 0;
-    return A["attn." + L][h * TRI + i * (i + 1) / 2 + j] / 255 * A["scale." + L][h * W + i];
+    return j > i ? 0 : A["attn." + L][h * TRI + i * (i + 1) / 2 + j] / 255 * A["scale." + L][h * W + i];
   }
   const vnorm = (L, h, j) => A["vnorm." + L][h * W + j]; // ||v_j W_O^h||
   const colour = (h) => h < PALETTE.length ? PALETTE[h] : `hsl(${(h * 137.5) % 360},65%,42%)`;
@@ -63,10 +61,12 @@
     return a !== 0 && (a >= 1e5 || a < 1e-3) ? x.toExponential(digits - 1) : x.toFixed(digits);
   }
   const vec = (v, n) => "[" + Array.from(v.slice(0, n), (x) => fmt(x, 3)).join(", ") + (v.length > n ? ", …" : "") + "]";
-  function el(tag, attrs = {}, text) {
-    const e = document.createElement(tag);
+  // an element with attributes and its text, or (an array) its children; an SVG one with ns = SVG_NS
+  function el(tag, attrs = {}, content, ns) {
+    const e = ns ? document.createElementNS(ns, tag) : document.createElement(tag);
     for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
-    if (text !== undefined) e.textContent = text;
+    if (Array.isArray(content)) e.append(...content);
+    else if (content !== undefined) e.textContent = content;
     return e;
   }
 
@@ -95,18 +95,13 @@
     $("value-weighted").addEventListener("change", (e) => { st.vw = e.target.checked; drawLines(); });
     const box = $("head-toggles");
     for (let h = 0; h < H; h++) {
-      const lab = el("label", { title: `head ${h}` });
-      const cb = el("input", { type: "checkbox", id: `head-toggle-${h}` });
+      const cb = el("input", { type: "checkbox", id: `head-toggle-${h}` }), sw = el("span", { class: "swatch" });
       cb.addEventListener("change", () => { cb.checked ? st.heads.add(h) : st.heads.delete(h); drawLines(); });
-      const sw = el("span", { class: "swatch" });
       sw.style.background = colour(h);
-      lab.append(cb, sw, document.createTextNode(h));
-      box.append(lab);
+      box.append(el("label", { title: `head ${h}` }, [cb, sw, String(h)]));
     }
   }
-  function syncToggles() {
-    for (let h = 0; h < H; h++) $(`head-toggle-${h}`).checked = st.heads.has(h);
-  }
+  function syncToggles() { for (let h = 0; h < H; h++) $(`head-toggle-${h}`).checked = st.heads.has(h); }
   function setLayer(L, heads, focus) {
     st.layer = L;
     st.heads = new Set(heads);
@@ -149,18 +144,11 @@
         lines.push([h, i, j, a, st.vw ? a * vnorm(L, h, j) : a]);
       }
     }
-    let top = 1;
-    if (st.vw) { top = 1e-30; for (const l of lines) top = Math.max(top, l[4]); }
-    const frag = document.createDocumentFragment();
-    for (const [h, i, j, a, value] of lines) {
-      const line = document.createElementNS(SVG_NS, "line");
-      const attrs = { x1: 0, y1: (i + 0.5) * ROW, x2: LINES_W, y2: (j + 0.5) * ROW, stroke: colour(h),
-                      "stroke-width": 2, "stroke-opacity": value / top, class: "attn-line",
-                      "data-head": h, "data-query": i, "data-key": j, "data-alpha": a, "data-weight": value };
-      for (const [k, v] of Object.entries(attrs)) line.setAttribute(k, v);
-      frag.append(line);
-    }
-    svg.append(frag);
+    const top = st.vw ? Math.max(1e-30, ...lines.map((l) => l[4])) : 1;
+    svg.append(...lines.map(([h, i, j, a, value]) => el("line", {
+      x1: 0, y1: (i + 0.5) * ROW, x2: LINES_W, y2: (j + 0.5) * ROW, stroke: colour(h), "stroke-width": 2,
+      "stroke-opacity": value / top, class: "attn-line", "data-head": h, "data-query": i, "data-key": j, "data-alpha": a,
+      "data-weight": value }, undefined, SVG_NS)));
     const who = target.side === "q" ? `query ${target.index} «${label(target.index)}» attends to (right)`
                                     : `key ${target.index} «${label(target.index)}» is attended by (left)`;
     $("head-hint").textContent = `Layer ${L}: ${who}. Opacity = ` + (st.vw
@@ -193,11 +181,9 @@
     }
     const ctx = canvas.getContext("2d"), img = ctx.createImageData(S, S);
     for (let p = 0; p < S * S; p++) {
-      const o = p * 4;
-      if (peak[p] < 0) { img.data[o] = img.data[o + 1] = img.data[o + 2] = 217; }
-      else { const n = Math.round(Math.sqrt(Math.min(1, peak[p])) * 255) * 3;
-             img.data[o] = LUT[n]; img.data[o + 1] = LUT[n + 1]; img.data[o + 2] = LUT[n + 2]; }
-      img.data[o + 3] = 255;
+      const n = peak[p] < 0 ? -1 : Math.round(Math.sqrt(Math.min(1, peak[p])) * 255) * 3; // -1: the future, grey
+      for (let c = 0; c < 3; c++) img.data[p * 4 + c] = n < 0 ? 217 : LUT[n + c];
+      img.data[p * 4 + 3] = 255;
     }
     ctx.putImageData(img, 0, 0);
   }
@@ -245,9 +231,7 @@
     drawMap(big, L, h, W);
     const px = Math.max(1, Math.floor(OPEN_PX / W)) * W;
     big.style.width = big.style.height = Math.min(px, OPEN_PX * 2) + "px";
-    st.layer = L; st.focus = h;
-    $("layer-select").value = L;
-    update();
+    setLayer(L, st.heads, h); // the heads switched on stay as they are
   }
   // A head opened from the Statistics tab: in the head view, or the text view when that is the one in use
   function showHead(L, h) { setLayer(L, [h], h); showTab(st.tokenView); revealQuery(); }
@@ -306,44 +290,31 @@
     for (const [step, line] of [["scores", "s_j = q·k_j / √d_k,  −∞ for the future (j > i)"],
                                 ["softmax", "α_j = softmax(s)_j = exp(s_j − max s) / Σ_j exp(s_j − max s)"],
                                 ["weighted sum", "output = Σ_j α_j v_j"]]) {
-      const f = el("div", { class: "formula" });
-      f.append(el("b", {}, step + ": "), line);
-      body.append(f);
+      body.append(el("div", { class: "formula" }, [el("b", {}, step + ": "), line]));
     }
     body.append(el("p", { class: "vec" }, `q_${i} (after RoPE, as the model uses it) = ${vec(n.qi, 8)}`));
-    const t = el("table", { id: "step-table" });
-    const hr = el("tr");
-    for (const c of ["j", "key", "q·k_j", "÷√d_k = s_j", `exp(s_j − ${fmt(n.top, 3)})`, "softmax α_j", "", "‖α_j v_j W_O‖", "v_j"])
-      hr.append(el("th", {}, c));
-    t.append(el("thead"), el("tbody"));
-    t.tHead.append(hr);
-    const tb = t.tBodies[0];
+    const cols = ["j", "key", "q·k_j", "÷√d_k = s_j", `exp(s_j − ${fmt(n.top, 3)})`, "softmax α_j", "",
+                  "‖α_j v_j W_O‖", "v_j"];
+    const tb = el("tbody");
+    const row = (attrs, cells) => el("tr", attrs, cells.map((c) => (c instanceof Node ? c : el("td", {}, c))));
     const num = (cls, x, digits) => el("td", { class: cls, "data-value": x }, fmt(x, digits));
     const keys = Array.from({ length: i + 1 }, (_, j) => j);
     if ($("step-sort").checked) keys.sort((x, y) => n.alpha[y] - n.alpha[x]);
     for (const j of keys) {
-      const tr = el("tr", { "data-key": j }), bar = el("td", { class: "bar" }), span = el("span");
-      span.style.width = Math.round(n.alpha[j] * 50) + "px";
-      bar.append(span);
-      tr.append(el("td", {}, j), el("td", { class: "tokcell" }, label(j)), num("dot", n.dot[j]), num("scaled", n.s[j]),
-                num("exp", n.e[j]), num("alpha", n.alpha[j], 6), bar, num("contrib", n.alpha[j] * vnorm(L, h, j)),
-                el("td", { class: "vec" }, vec(n.v.subarray(j * DK, (j + 1) * DK), 3)));
-      tb.append(tr);
+      const bar = el("td", { class: "bar" }, [el("span")]);
+      bar.firstChild.style.width = Math.round(n.alpha[j] * 50) + "px";
+      tb.append(row({ "data-key": j }, [j, el("td", { class: "tokcell" }, label(j)), num("dot", n.dot[j]),
+        num("scaled", n.s[j]), num("exp", n.e[j]), num("alpha", n.alpha[j], 6), bar,
+        num("contrib", n.alpha[j] * vnorm(L, h, j)), el("td", { class: "vec" }, vec(n.v.subarray(j * DK, (j + 1) * DK), 3))]));
     }
-    const future = (first, last) => {
-      const tr = el("tr", { class: "future" });
-      const what = first === last ? `${first}` : `${first}…${last}`;
-      tr.append(el("td", {}, what), el("td", { class: "tokcell" }, first === last ? label(first) : `${last - first + 1} keys`),
-                el("td", {}, "future"), el("td", {}, "−∞"), el("td", {}, "0"), el("td", {}, "0"), el("td"), el("td", {}, "0"), el("td"));
-      tb.append(tr);
-    };
+    const future = (first, last) => tb.append(row({ class: "future" }, [first === last ? first : `${first}…${last}`,
+      el("td", { class: "tokcell" }, first === last ? label(first) : `${last - first + 1} keys`),
+      "future", "−∞", "0", "0", "", "0", ""]));
     for (let j = i + 1; j <= Math.min(i + 2, W - 1); j++) future(j, j);
     if (i + 3 <= W - 1) future(i + 3, W - 1);
-    const total = el("tr", { class: "total" });
-    total.append(el("td", {}, "Σ"), el("td"), el("td"), el("td"), num("exp", n.sum), num("alpha", n.alpha.reduce((x, y) => x + y, 0), 6),
-                 el("td"), el("td"), el("td"));
-    tb.append(total);
-    body.append(t);
+    tb.append(row({ class: "total" }, ["Σ", "", "", "", num("exp", n.sum),
+                                      num("alpha", n.alpha.reduce((x, y) => x + y, 0), 6), "", "", ""]));
+    body.append(el("table", { id: "step-table" }, [el("thead", {}, [row({}, cols.map((c) => el("th", {}, c)))]), tb]));
     body.append(el("p", { class: "vec", id: "step-output" }, `output_${i} = Σ_j α_j v_j = ${vec(n.out, DK)}`));
     body.append(el("p", { class: "hint" }, "The row sums to 1: the budget each query spends. ‖α_j v_j W_O‖ is what key j " +
       "adds to the residual stream through this head: a large α_j on a short value vector adds little."));
@@ -369,12 +340,11 @@
     for (const b of document.querySelectorAll(".tab")) b.addEventListener("click", () => showTab(b.dataset.tab));
     const shared = { $, el, M, st, alpha, vnorm, fmt, label, W, H, setLayer, setFocus, pickQuery, openHead: showHead, roleOf };
     textView = window.attnTextView(shared);
-    statsView = window.attnStatsView(shared);
     buildHeadView(); buildStep(); textView.build();
     api.marks.headView = performance.now();
     buildModelView();
     api.marks.modelView = performance.now();
-    statsView.build();
+    window.attnStatsView(shared).build();
     setLayer(st.layer, M.selected[st.layer]);
     showTab(M.first_view); // the text view first for long or char-level prompts; the last query in sight
     api.ready = true;

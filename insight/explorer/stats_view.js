@@ -22,26 +22,23 @@ window.attnStatsView = function (x) {
   const hasScores = M.score_names.length > 0;
   const cols = ["layer", "head", ...(hasScores ? ["role"] : []), ...M.score_names, ...M.stat_names];
   const layers = [...new Set([...M.layers, ...M.roles.map((_, L) => L)])].sort((a, b) => a - b);
-  const num = (v) => (v === null || v === undefined ? NaN : v);
   const rows = [];
   for (const L of layers) for (let h = 0; h < H; h++) {
     const r = { layer: L, head: h, role: hasScores && M.roles[L] ? M.roles[L][h] : "", inFile: M.layers.includes(L) };
-    for (const s of M.score_names) r[s] = M.scores[s][L] ? num(M.scores[s][L][h]) : NaN;
-    for (const s of M.stat_names) r[s] = r.inFile ? num(M.stats[L][s][h]) : NaN;
+    for (const s of M.score_names) r[s] = M.scores[s][L] ? M.scores[s][L][h] ?? NaN : NaN; // null in the JSON: NaN
+    for (const s of M.stat_names) r[s] = r.inFile ? M.stats[L][s][h] ?? NaN : NaN;
     rows.push(r);
   }
 
   function build() {
-    const tr = el("tr");
-    for (const c of cols) {
+    $("stats-table").tHead.append(el("tr", {}, cols.map((c) => {
       const th = el("th", { "data-col": c, title: TITLES[c] || c }, LABELS[c] || c);
       th.addEventListener("click", () => {
         st.sort = { key: c, dir: st.sort.key === c ? -st.sort.dir : 1 };
         render();
       });
-      tr.append(th);
-    }
-    $("stats-table").tHead.append(tr);
+      return th;
+    })));
     const legend = $("stats-legend");
     if (hasScores) {
       const rules = M.role_rules.map(([name, score, t]) => `${name} when ${LABELS[score]} > ${t}`).join(", else ");
@@ -53,10 +50,7 @@ window.attnStatsView = function (x) {
   // Numbers ascending (dir 1) or descending; roles alphabetically; missing values (NaN, no role) always last.
   function compare(a, b, key, dir) {
     const x = a[key], y = b[key];
-    if (key === "role") {
-      if (!x || !y) return (!x) - (!y);
-      return dir * x.localeCompare(y);
-    }
+    if (key === "role") return !x || !y ? (!x) - (!y) : dir * x.localeCompare(y);
     if (Number.isNaN(x) || Number.isNaN(y)) return Number.isNaN(x) - Number.isNaN(y);
     return dir * (x - y);
   }
@@ -66,20 +60,18 @@ window.attnStatsView = function (x) {
     for (const th of document.querySelectorAll("#stats-table th")) {
       th.dataset.sort = th.dataset.col === key ? (dir > 0 ? "asc" : "desc") : "";
     }
-    const body = $("stats-table").tBodies[0];
-    body.replaceChildren();
-    for (const r of sorted) {
+    const td = (col, value, text) => el("td", { "data-col": col, "data-value": value }, text);
+    $("stats-table").tBodies[0].replaceChildren(...sorted.map((r) => {
       const tr = el("tr", { "data-layer": r.layer, "data-head": r.head, class: r.inFile ? "" : "absent" });
       if (!r.inFile) tr.title = `layer ${r.layer}'s maps are not in this file: sample.py --dump-attn ${r.layer}`;
-      tr.append(el("td", { "data-col": "layer", "data-value": r.layer }, r.layer),
-                el("td", { "data-col": "head", "data-value": r.head }, r.head));
+      tr.append(td("layer", r.layer, r.layer), td("head", r.head, r.head));
       if (hasScores) tr.append(el("td", { "data-col": "role", "data-value": r.role, class: "role" }, r.role));
       // scores in fixed point (0.001 reads better than 1.0e-3 beside 0.950); the maps' statistics as before
-      for (const s of M.score_names) tr.append(el("td", { "data-col": s, "data-value": r[s] }, Number.isFinite(r[s]) ? r[s].toFixed(3) : "–"));
-      for (const s of M.stat_names) tr.append(el("td", { "data-col": s, "data-value": r[s] }, fmt(r[s], 3)));
+      for (const s of M.score_names) tr.append(td(s, r[s], Number.isFinite(r[s]) ? r[s].toFixed(3) : "–"));
+      for (const s of M.stat_names) tr.append(td(s, r[s], fmt(r[s], 3)));
       if (r.inFile) tr.addEventListener("click", () => x.openHead(r.layer, r.head));
-      body.append(tr);
-    }
+      return tr;
+    }));
   }
 
   return { build, render };

@@ -14,11 +14,7 @@ window.attnTextView = function (x) {
 
   // A token as running text: its own characters (spaces too), a newline as ↵ and a line break; one with
   // other control characters, or none at all, as its label (\x00, ∅).
-  function shown(j) {
-    const t = M.texts[j];
-    if (t === "" || CONTROL.test(t)) return label(j);
-    return t.replace(/\n/g, "↵\n");
-  }
+  const shown = (j) => (M.texts[j] === "" || CONTROL.test(M.texts[j]) ? label(j) : M.texts[j].replace(/\n/g, "↵\n"));
   const quoted = (j) => `"${M.texts[j].trim() && !CONTROL.test(M.texts[j]) ? M.texts[j].trim() : label(j)}"`;
   // In a char-level prompt one letter says little ("e" of which word?): the word it is in, or for a space
   // or newline the word it comes before, e.g. "␣" (before it), "s" (in because)
@@ -43,14 +39,12 @@ window.attnTextView = function (x) {
     ls.addEventListener("change", () => x.setLayer(+ls.value, M.selected[ls.value], st.focus));
     hs.addEventListener("change", () => x.setFocus(+hs.value));
     $("text-vw").addEventListener("change", (e) => { st.textVw = e.target.checked; render(); });
-    const frag = document.createDocumentFragment();
     for (let j = 0; j < W; j++) {
       const t = el("span", { class: "ttok", id: `t-tok-${j}`, "data-index": j, title: `${j}: ${label(j)}` }, shown(j));
       t.addEventListener("mouseenter", () => { hover = j; render(); });
       t.addEventListener("click", () => { hover = null; x.pickQuery(j); });
-      frag.append(t);
+      body.append(t);
     }
-    body.append(frag);
     body.addEventListener("mouseleave", () => { hover = null; render(); });
   }
 
@@ -60,13 +54,9 @@ window.attnTextView = function (x) {
     $("text-layer").value = L;
     Array.from($("text-head").options).forEach((o, n) => { o.textContent = "head " + n + x.roleOf(L, n); });
     $("text-head").value = h;
-    const values = new Float64Array(i + 1), alphas = new Float64Array(i + 1);
-    let top = 1;
-    for (let j = 0; j <= i; j++) {
-      alphas[j] = alpha(L, h, i, j);
-      values[j] = st.textVw ? alphas[j] * vnorm(L, h, j) : alphas[j];
-    }
-    if (st.textVw) { top = 1e-30; for (const v of values) top = Math.max(top, v); }
+    const alphas = Float64Array.from({ length: i + 1 }, (_, j) => alpha(L, h, i, j));
+    const values = st.textVw ? alphas.map((a, j) => a * vnorm(L, h, j)) : alphas;
+    const top = st.textVw ? Math.max(1e-30, ...values) : 1;
     for (let j = 0; j < W; j++) {
       const t = $(`t-tok-${j}`);
       t.classList.remove("hl"); // the list it was marked from is redrawn below
@@ -87,15 +77,14 @@ window.attnTextView = function (x) {
     list.replaceChildren(el("span", { class: "from" }, `${quoted(i)}${context(i)} → `));
     order.slice(0, TOP).forEach((j, n) => {
       if (n) list.append(", ");
-      const item = el("span", { class: "top-item", "data-key": j, "data-value": values[j], title: `key ${j}` });
-      item.append(el("b", {}, quoted(j)), el("span", { class: "ctx" }, context(j)), " " + fmt(values[j], st.textVw ? 3 : 2));
+      const item = el("span", { class: "top-item", "data-key": j, "data-value": values[j], title: `key ${j}` },
+        [el("b", {}, quoted(j)), el("span", { class: "ctx" }, context(j)), " " + fmt(values[j], st.textVw ? 3 : 2)]);
       item.addEventListener("mouseenter", () => $(`t-tok-${j}`).classList.add("hl")); // which "e" of several
       item.addEventListener("mouseleave", () => $(`t-tok-${j}`).classList.remove("hl"));
       list.append(item);
     });
     if (order.length > TOP) {
-      let rest = 0;
-      for (const j of order.slice(TOP)) rest += values[j];
+      const rest = order.slice(TOP).reduce((sum, j) => sum + values[j], 0);
       list.append(", ", el("span", { class: "others", "data-value": rest }, `others ${fmt(rest, st.textVw ? 3 : 2)}`));
     }
     $("text-hint").textContent = `Layer ${L}, head ${h}: query ${i} «${label(i)}»` +
