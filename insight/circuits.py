@@ -320,8 +320,7 @@ def _path_ablated_runs(model, idx: torch.Tensor, kind: str, target: tuple[int, i
 
 @torch.no_grad()
 def path_ablation(model, text_idx: torch.Tensor, probe_idx: torch.Tensor | None, kind: str, target: tuple[int, int],
-                  sources: Sequence[tuple[int, int]] | None = None, mode: str = "zero",
-                  targets: torch.Tensor | None = None) -> dict[str, np.ndarray]:
+                  sources: Sequence[tuple[int, int]] | None = None, mode: str = "zero") -> dict[str, np.ndarray]:
     """Remove source head A's write from target head B's `kind` input only, and measure what changes:
 
         x_B = x_b - c_A          for B's query (kind "q"), key or value ("k", "v") input alone,
@@ -333,8 +332,8 @@ def path_ablation(model, text_idx: torch.Tensor, probe_idx: torch.Tensor | None,
     Under GQA the key and value inputs belong to B's kv head, so the whole group's heads see the change.
 
     target (lb, b): query head b of layer lb >= 1. sources: the (la, a) heads to remove, each with la < lb; default
-    every head of every earlier layer. text_idx (B, T): the loss (next token of text_idx, or `targets`, -1 = not
-    counted) and prev_token; probe_idx (B, 1 + 2R), a role probe (insight.roles.role_probe), or None: duplicate_token
+    every head of every earlier layer. text_idx (B, T): the loss (of each next token of text_idx, as ablation_dloss)
+    and prev_token; probe_idx (B, 1 + 2R), a role probe (insight.roles.role_probe), or None: duplicate_token
     and induction, measured on B's own attention weights.
 
     Returns {"dloss": (n,), "prev_token": (n,), "duplicate_token": (n,), "induction": (n,)} float64 for the n
@@ -353,10 +352,10 @@ def path_ablation(model, text_idx: torch.Tensor, probe_idx: torch.Tensor | None,
     for la, a in sources:
         if not (0 <= la < lb and 0 <= a < config.n_head):
             raise ValueError(f"source {(la, a)}: a head of a layer before the target's layer {lb}")
-    text_targets = _targets(text_idx, targets)
+    if text_idx.dim() != 2 or text_idx.shape[1] < 2:
+        raise ValueError(f"text_idx must be (B, T) token ids with T >= 2, got {tuple(text_idx.shape)}")
+    text_targets = _targets(text_idx, None)
     count = int((text_targets >= 0).sum())
-    if count == 0:
-        raise ValueError("no position to score: every target is ignored (-1)")
     result = {name: np.full(len(sources), np.nan) for name in ("dloss", *ROLE_NAMES)}
     with eval_mode(model):
         stream = model.residual_stream(text_idx)
