@@ -230,10 +230,10 @@ def composition_zscores(model, group_kv: bool = True, rope_offsets: Sequence[int
     mean direction), r_A and r_B the effective ranks (Σσ²)² / Σσ⁴ of W_OV^A and W^B (_composition_terms).
 
     Why: two matrices that share one strong direction score high by the luck of that one direction, while a score
-    carried by many directions is hard to reach by chance. The chance spread grows as the effective ranks fall; a
-    Gaussian (or freshly initialised) matrix has r ≈ n/2, the narrowest spread, which makes every trained head, of
-    far lower rank, look significant. Here each pair is measured against its own ranks. +inf where a matrix is
-    isotropic (r = n, no spread)."""
+    carried by many directions is hard to reach by chance. The chance spread grows as the effective ranks fall: a
+    baseline from random or freshly initialised matrices (high ranks) is too narrow for trained heads and favours
+    the pairs of lowest rank. Here each pair is measured against its own ranks. +inf where a matrix is isotropic
+    (r = n, no spread)."""
     squared, variance, n = _composition_terms(model, group_kv, rope_offsets)
     with np.errstate(divide="ignore", invalid="ignore"):
         return {kind: (squared[kind] - 1.0 / n) / np.sqrt(variance[kind]) for kind in COMPOSITION_KINDS}
@@ -299,7 +299,7 @@ def _path_ablated_runs(model, idx: torch.Tensor, kind: str, target: tuple[int, i
     attention weights (B, n_head, T, T)) with that head's write removed from the target's `kind` input."""
     lb, hb = target
     stream, outputs = _stream_and_head_outputs(model, idx, heads=True)
-    rope = model._rope(idx.shape[1])
+    rope = model.rope_freqs[:idx.shape[1]] if model.config.pos == "rope" else None  # (T, hd/2, 2), as GPT passes it
     writes = {la: _head_writes(model, la, outputs) for la in {la for la, _ in sources}}  # (H, B, T, d) each
     removed = []
     for la, a in sources:
@@ -445,7 +445,9 @@ def direct_logit_attribution(model, idx: torch.Tensor, targets: torch.Tensor | N
 
     T = idx.shape[1]
     zero = torch.zeros_like(stream[0])
-    position = model.pos_emb(torch.arange(T, device=idx.device)).expand_as(stream[0]) if model.pos_emb is not None else zero
+    position = zero
+    if model.pos_emb is not None:
+        position = model.pos_emb(torch.arange(T, device=idx.device)).expand_as(stream[0])
     heads = torch.stack([_head_writes(model, layer, outputs) for layer in range(config.n_layer)])  # (L, H, B, T, d)
     biases = torch.stack([(block.attn.out_proj.bias if block.attn.out_proj.bias is not None
                            else torch.zeros(config.d_model, device=idx.device)).expand_as(stream[0])
@@ -500,7 +502,8 @@ def ov_promoted_tokens(model, idx: torch.Tensor, layer: int, head: int, top: int
     ids = idx.reshape(-1)
     by_token_write = torch.zeros(config.vocab_size, config.d_model, dtype=weighted.dtype, device=idx.device)
     by_token_write.index_add_(0, ids, weighted.reshape(-1, config.d_model))
-    by_token_mass = torch.zeros(config.vocab_size, dtype=mass.dtype, device=idx.device).index_add_(0, ids, mass.reshape(-1))
+    by_token_mass = torch.zeros(config.vocab_size, dtype=mass.dtype, device=idx.device)
+    by_token_mass.index_add_(0, ids, mass.reshape(-1))
     order = torch.argsort(by_token_mass, descending=True)[:attended]
     total = float(by_token_mass.sum())
     result = []

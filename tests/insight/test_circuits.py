@@ -100,7 +100,8 @@ def raw_reading_matrix(model: GPT, heads: list[dict], kind: str, target: int, gr
             blocks.append(heads[h]["ov"])
             continue
         for offset in offsets:
-            rotation = rope_matrix(model.config, offset) if model.config.pos == "rope" else torch.eye(model.config.head_dim, dtype=torch.float64)
+            rotation = (rope_matrix(model.config, offset) if model.config.pos == "rope"
+                        else torch.eye(model.config.head_dim, dtype=torch.float64))
             qk = heads[h]["q"] @ rotation @ heads[h]["k"].T  # (d, d): x_q W_QK x_kᵀ at distance offset
             blocks.append(qk if kind == "q" else qk.T)
     return torch.cat(blocks, dim=1)
@@ -132,7 +133,8 @@ def test_composition_equals_the_formula_on_full_matrices_from_the_state_dict(sha
     expected = raw_composition(model, group_kv, offsets)
     for kind in COMPOSITION_KINDS:
         assert scores[kind].shape == expected[kind].shape
-        np.testing.assert_allclose(scores[kind], expected[kind], rtol=1e-6, atol=1e-12)  # NaN where la >= lb, both; RoPE table float32
+        # NaN where la >= lb in both; rtol: the model's RoPE table is float32
+        np.testing.assert_allclose(scores[kind], expected[kind], rtol=1e-6, atol=1e-12)
     assert np.isnan(scores["k"][1, :, 0]).all() and np.isnan(scores["q"][2, :, 2]).all()
     assert np.isfinite(scores["v"][0, :, 2]).all()
 
