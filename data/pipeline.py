@@ -30,7 +30,7 @@ from tqdm import tqdm
 from common.errors import UserError
 from common.writes import write_file, writing
 from data.corpus import Corpus
-from data.source_errors import read_errors
+from data.source_errors import corpus_errors
 from data.shards import shard_name
 from data.splitting import group_rows, split_piece, text_split_point
 from data.tokenizer import CharTokenizer, HFTokenizer, TiktokenTokenizer, tokenizer_from_json
@@ -228,7 +228,7 @@ def write_text_shards(corpus: Corpus, rows: Any, work_dir: Path, settings: Encod
     else:
         bpe = TiktokenTokenizer(settings.tokenizer_name) if settings.tokenizer_name != "char" else None
     chars = fixed if isinstance(fixed, CharTokenizer) else None
-    with read_errors(corpus, work_dir):
+    with corpus_errors(corpus, work_dir, reading=True):
         return _write_text(corpus, rows, work_dir, settings, bpe, chars)
 
 

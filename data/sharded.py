@@ -45,7 +45,7 @@ from data.corpus import Corpus
 from data.pipeline import CHAR_DOC_SEPARATOR, DOC_BATCH, AnyTokenizer, BinCounts, EncodeSettings, _is_streaming, \
     _tokenizer, bin_dtype, encode_documents, iter_text_batches, write_ids
 from data.shards import shard_name
-from data.source_errors import read_errors
+from data.source_errors import corpus_errors
 from data.splitting import val_document_count, val_document_mask
 from data.tokenizer import CharTokenizer, TiktokenTokenizer
 from data.workers import run_parts
@@ -121,7 +121,7 @@ def scan_part(rows: Any, index: int, report: Callable[[int, int], None], source:
     """The distinct characters of a part's documents (for a char vocabulary), as one sorted string."""
     chars = {CHAR_DOC_SEPARATOR}
     rows = _find_part(rows, index, source)
-    with read_errors(source.corpus, source.cache_dir):
+    with corpus_errors(source.corpus, source.cache_dir, reading=True):
         for batch in iter_text_batches(rows, DOC_BATCH):
             for text in batch:
                 chars.update(text)
@@ -147,7 +147,7 @@ def encode_part(rows: Any, index: int, report: Callable[[int, int], None], sourc
             flat.tofile(f)
             report(len(batch), int(flat.size))
 
-    with read_errors(source.corpus, ids_path):
+    with corpus_errors(source.corpus, ids_path, reading=True):
         write_file(ids_path, encode_into)
     write_ids(lens_path, np.asarray(lens, dtype=np.uint32))  # last: its presence says the part is encoded
     return {"docs": len(lens), "tokens": int(sum(lens)), "peak_rss_mb": peak_rss_mb(), "pid": os.getpid()}

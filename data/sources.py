@@ -42,7 +42,7 @@ from common.writes import write_file
 from data.config import DataConfig
 from data.corpus import LOCAL_BUILDERS, Corpus
 from data.repeated import REPEATED_VERSION, repeated_lines
-from data.source_errors import load_errors
+from data.source_errors import corpus_errors
 
 DATA_DIR_ENV = "ATTNGPT_DATA_DIR"
 TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -241,7 +241,7 @@ def load_rows(corpus: Corpus, cache_dir: Path, num_proc: int = 1) -> Any:
         kwargs["num_proc"] = num_proc
     if corpus.kind == "text":
         kwargs["features"] = datasets.Features({"text": datasets.Value("string")})
-    with load_errors(corpus, cache_dir):
+    with corpus_errors(corpus, cache_dir, reading=False):
         rows = datasets.load_dataset(**kwargs)
         if isinstance(rows, (datasets.DatasetDict, datasets.IterableDatasetDict)):
             raise UserError(f"{corpus.description} gave several splits ({', '.join(rows)}): set data.split to one")
