@@ -124,9 +124,7 @@ class CharTokenizer:
 
     def prompt_ids(self, text: str) -> list[int]:
         """`encode(text)`, but never empty: an empty prompt starts from a newline (else id 0)."""
-        if text:
-            return self.encode(text)
-        return [self.start_id]
+        return self.encode(text) if text else [self.start_id]
 
     def ordinary_ids(self) -> np.ndarray:
         """Every id, (vocab_size,) int64: a char vocabulary has no special tokens."""
@@ -162,36 +160,13 @@ class TiktokenTokenizer:
     def encode(self, text: str) -> list[int]:
         return self._enc.encode_ordinary(text)
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return self._enc.encode_ordinary_batch(texts, num_threads=1)
-
-    def _known(self, ids: list[int]) -> list[int | None]:
-        n = self.vocab_size
-        return [i if 0 <= i < n else None for i in map(int, ids)]
-
     def decode(self, ids: list[int]) -> str:
-        out: list[str] = []
-        run: list[int] = []
-        for i in self._known(ids):
-            if i is None:
-                out.append(self._enc.decode(run))
-                out.append(REPLACEMENT_CHAR)
-                run = []
-            else:
-                run.append(i)
-        out.append(self._enc.decode(run))
-        return "".join(out)
+        return _decode_runs(ids, self.vocab_size, self._enc.decode)
 
     def token_strings(self, ids: list[int]) -> list[str]:
-        labels = []
-        for raw, i in zip(ids, self._known(ids)):
-            if i is None:
-                labels.append(f"<{int(raw)}>")
-                continue
-            piece = self._enc.decode_single_token_bytes(i)
-            # a token may hold part of a multi-byte character: those bytes become the text \xNN
-            labels.append(piece.decode("utf-8", errors="backslashreplace"))
-        return labels
+        # a token may hold part of a multi-byte character: those bytes become the text \xNN
+        return [self._enc.decode_single_token_bytes(i).decode("utf-8", errors="backslashreplace")
+                if 0 <= i < self.vocab_size else f"<{i}>" for i in map(int, ids)]
 
     def prompt_ids(self, text: str) -> list[int]:
         """`encode(text)`, but never empty: an empty prompt starts from <|endoftext|> (a fresh document)."""
@@ -217,6 +192,19 @@ class TiktokenTokenizer:
 
     def __repr__(self) -> str:
         return f"TiktokenTokenizer({self.name!r}, vocab_size={self.vocab_size})"
+
+
+def _decode_runs(ids: list[int], vocab_size: int, decode: Any) -> str:
+    """`decode` applied to each run of ids inside the vocabulary; every id outside it reads U+FFFD."""
+    out: list[str] = []
+    run: list[int] = []
+    for i in map(int, ids):
+        if 0 <= i < vocab_size:
+            run.append(i)
+            continue
+        out += [decode(run), REPLACEMENT_CHAR]
+        run = []
+    return "".join(out) + decode(run)
 
 
 def _tiktoken_assigned(enc: Any, i: int) -> bool:
@@ -289,7 +277,6 @@ class HFTokenizer:
             raise UserError(f"this model's tokenizer is a Hugging Face tokenizer.json, which needs the tokenizers "
                             f"package: {HF_EXTRA}") from None
         payload = check_tokenizer_json(data, path)  # JSON of the structure read below, before the library sees it
-        decoder = payload.get("decoder") or {}
         try:
             self._tk = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
         except Exception as e:  # unknown components, fields the library wants and the check leaves to it
@@ -304,8 +291,8 @@ class HFTokenizer:
                 raise UserError(f"{which} id {value} is outside the tokenizer's {self._vocab_size} tokens")
         self._eot, self.bos = eot, bos
         self._special = {t.content for t in self._tk.get_added_tokens_decoder().values() if t.special}
-        kinds = json.dumps(decoder)
-        self._bytes = {c: b for b, c in byte_level_alphabet().items()} if '"ByteLevel"' in kinds else None
+        byte_level = '"ByteLevel"' in json.dumps(payload.get("decoder"))
+        self._bytes = {c: b for b, c in byte_level_alphabet().items()} if byte_level else None
 
     @property
     def vocab_size(self) -> int:
@@ -323,16 +310,7 @@ class HFTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         """Text of ids, special tokens (<s>, </s>) left out; an id outside the vocabulary reads U+FFFD."""
-        out: list[str] = []
-        run: list[int] = []
-        for i in map(int, ids):
-            if 0 <= i < self._vocab_size:
-                run.append(i)
-                continue
-            out += [self._tk.decode(run), REPLACEMENT_CHAR]
-            run = []
-        out.append(self._tk.decode(run))
-        return "".join(out)
+        return _decode_runs(ids, self._vocab_size, self._tk.decode)
 
     def token_strings(self, ids: list[int]) -> list[str]:
         labels = []
