@@ -28,7 +28,7 @@ import numpy as np
 from tqdm import tqdm
 
 from common.errors import UserError
-from common.writes import write_file, writing
+from common.writes import writing
 from data.corpus import Corpus
 from data.source_errors import corpus_errors
 from data.shards import shard_name
@@ -69,10 +69,11 @@ class EncodeSettings:
     quiet: bool = False
     fixed: AnyTokenizer | None = None
 
-
-def write_ids(path: Path, ids: np.ndarray) -> None:
-    """Write one whole token file (common/writes.py: never seen half-written)."""
-    write_file(path, ids.tofile)
+    def given_tokenizer(self) -> AnyTokenizer | None:
+        """The tokenizer to encode with, or None where it is built from the corpus's own characters."""
+        if self.fixed is not None:
+            return self.fixed
+        return TiktokenTokenizer(self.tokenizer_name) if self.tokenizer_name != "char" else None
 
 
 class ShardWriter:
@@ -222,22 +223,14 @@ def write_text_shards(corpus: Corpus, rows: Any, work_dir: Path, settings: Encod
     """Encode a continuous text (`rows`: a Dataset or IterableDataset of lines in a "text" column) into
     token shards in work_dir. Returns the tokenizer, the counts, and meta.json's shard entries per split.
     A fixed char vocabulary (settings.fixed) refuses text outside it."""
-    fixed = settings.fixed
-    if fixed is not None:
-        bpe = None if isinstance(fixed, CharTokenizer) else fixed
-    else:
-        bpe = TiktokenTokenizer(settings.tokenizer_name) if settings.tokenizer_name != "char" else None
-    chars = fixed if isinstance(fixed, CharTokenizer) else None
     with corpus_errors(corpus, work_dir, reading=True):
-        return _write_text(corpus, rows, work_dir, settings, bpe, chars)
+        return _write_text(corpus, rows, work_dir, settings)
 
 
-def _write_text(corpus: Corpus, rows: Any, work_dir: Path, settings: EncodeSettings,
-                bpe: TiktokenTokenizer | HFTokenizer | None, fixed_chars: CharTokenizer | None = None
+def _write_text(corpus: Corpus, rows: Any, work_dir: Path, settings: EncodeSettings
                 ) -> tuple[AnyTokenizer, BinCounts, dict[str, list[dict[str, Any]]]]:
-    """write_text_shards' work, bpe (or else fixed_chars, or else the corpus's own characters) being the
-    tokenizer chosen from `settings`."""
     val_fraction, num_proc, quiet = settings.val_fraction, settings.num_proc, settings.quiet
+    given = settings.given_tokenizer()
     streaming = _is_streaming(rows)
     # pass 1: length, character set and piece boundaries
     chars: set[str] = set()
@@ -245,7 +238,7 @@ def _write_text(corpus: Corpus, rows: Any, work_dir: Path, settings: EncodeSetti
     ranges: dict[str, list[int]] = {"start_row": [], "stop_row": [], "start_char": []}
     with tqdm(desc="scan text", unit="char", unit_scale=True, disable=quiet) as bar:
         for piece in group_rows(_iter_rows(rows)):
-            if bpe is None:
+            if given is None:
                 chars.update(piece.text)
             if not streaming:
                 ranges["start_row"].append(piece.start_row)
@@ -259,7 +252,7 @@ def _write_text(corpus: Corpus, rows: Any, work_dir: Path, settings: EncodeSetti
     if split_at == 0 or split_at == total:
         raise UserError(f"the corpus {corpus.description} has only {total} characters: too few for a train and a "
                         f"val split with val_fraction {val_fraction}; use more text")
-    tok: AnyTokenizer = bpe if bpe is not None else fixed_chars or CharTokenizer("".join(chars))
+    tok: AnyTokenizer = given if given is not None else CharTokenizer("".join(chars))
     writer = SplitWriters(work_dir, bin_dtype(tok.vocab_size), SHARD_TOKENS)
     try:
         # pass 2: encode each piece (train part / val part) and append

@@ -149,11 +149,12 @@ def _reusable_as_sampled(cfg: DataConfig, corpus: Corpus, tokenizer: Tokenizer |
 def _prepare(cfg: DataConfig, corpus: Corpus, fp: str, out_dir: Path, quiet: bool, force: bool,
              fixed: Tokenizer | None = None) -> PreparedData:
     _no_readers(out_dir)
+    settings = EncodeSettings(cfg.tokenizer, cfg.val_fraction, cfg.num_proc, quiet, fixed)
     with datasets_progress(not quiet):
         if corpus.kind == "documents":
-            meta, tok = _prepare_documents(cfg, corpus, fp, out_dir, quiet, force, fixed)
+            meta, tok = _prepare_documents(cfg, corpus, fp, out_dir, force, settings)
         else:
-            meta, tok = _prepare_text(cfg, corpus, fp, out_dir, quiet, fixed)
+            meta, tok = _prepare_text(cfg, corpus, fp, out_dir, settings)
     for name, content in stored_tokenizer(tok)[1].items():  # a tokenizer.json sits beside meta.json
         write_file(out_dir / name, content)
     write_json_atomic(out_dir / META_FILE, meta)  # the folder is complete from here on
@@ -161,21 +162,20 @@ def _prepare(cfg: DataConfig, corpus: Corpus, fp: str, out_dir: Path, quiet: boo
     return load_prepared(out_dir)
 
 
-def _prepare_documents(cfg: DataConfig, corpus: Corpus, fp: str, out_dir: Path, quiet: bool, force: bool,
-                       fixed: Tokenizer | None) -> tuple[dict[str, Any], Tokenizer]:
+def _prepare_documents(cfg: DataConfig, corpus: Corpus, fp: str, out_dir: Path, force: bool,
+                       settings: EncodeSettings) -> tuple[dict[str, Any], Tokenizer]:
     """Documents: encoded part by part in num_proc processes, resumed where an interrupted prepare stopped."""
     if force or read_plan(out_dir).get("fingerprint") != fp:
         start_over(out_dir, {"fingerprint": fp})
     cache_dir = data_dir() / "hf" if corpus.remote else out_dir / WORK / "hf"  # keep hub downloads only
     rows = load_rows(corpus, cache_dir, cfg.num_proc)
-    settings = EncodeSettings(cfg.tokenizer, cfg.val_fraction, cfg.num_proc, quiet, fixed)
     result = encode_documents_sharded(corpus, rows, cache_dir, fp, out_dir, settings)
     del rows
     return _meta(cfg, corpus, fp, result.tokenizer, result.counts, result.shards, parts=result.parts), result.tokenizer
 
 
-def _prepare_text(cfg: DataConfig, corpus: Corpus, fp: str, out_dir: Path, quiet: bool,
-                  fixed: Tokenizer | None) -> tuple[dict[str, Any], Tokenizer]:
+def _prepare_text(cfg: DataConfig, corpus: Corpus, fp: str, out_dir: Path,
+                  settings: EncodeSettings) -> tuple[dict[str, Any], Tokenizer]:
     """A continuous text: encoded into a work folder, whose shards move in once all are written."""
     if out_dir.exists():  # start from an empty folder: meta.json goes first, so nothing here is trusted
         (out_dir / META_FILE).unlink(missing_ok=True)
@@ -184,7 +184,6 @@ def _prepare_text(cfg: DataConfig, corpus: Corpus, fp: str, out_dir: Path, quiet
     work_dir.mkdir(parents=True)
     try:
         rows = load_rows(corpus, work_dir / "hf")
-        settings = EncodeSettings(cfg.tokenizer, cfg.val_fraction, cfg.num_proc, quiet, fixed)
         tok, counts, shards = write_text_shards(corpus, rows, work_dir, settings)
         del rows
         for entry in (e for split in SPLITS for e in shards[split]):

@@ -43,11 +43,11 @@ from common.schema import is_int
 from common.writes import write_file
 from data.corpus import Corpus
 from data.pipeline import CHAR_DOC_SEPARATOR, DOC_BATCH, AnyTokenizer, BinCounts, EncodeSettings, _is_streaming, \
-    _tokenizer, bin_dtype, encode_documents, iter_text_batches, write_ids
+    _tokenizer, bin_dtype, encode_documents, iter_text_batches
 from data.shards import shard_name
 from data.source_errors import corpus_errors
 from data.splitting import val_document_count, val_document_mask
-from data.tokenizer import CharTokenizer, TiktokenTokenizer
+from data.tokenizer import CharTokenizer
 from data.workers import run_parts
 
 PART_DOCS = 100_000  # documents per part of an in-memory dataset (a streamed one is cut into its files)
@@ -149,7 +149,7 @@ def encode_part(rows: Any, index: int, report: Callable[[int, int], None], sourc
 
     with corpus_errors(source.corpus, ids_path, reading=True):
         write_file(ids_path, encode_into)
-    write_ids(lens_path, np.asarray(lens, dtype=np.uint32))  # last: its presence says the part is encoded
+    write_file(lens_path, np.asarray(lens, dtype=np.uint32).tofile)  # last: its presence says the part is encoded
     return {"docs": len(lens), "tokens": int(sum(lens)), "peak_rss_mb": peak_rss_mb(), "pid": os.getpid()}
 
 
@@ -281,8 +281,7 @@ def encode_documents_sharded(corpus: Corpus, rows: Any, cache_dir: Path, fp: str
     resuming an interrupted prepare of the same plan (the caller has already emptied out_dir, but for
     .work/hf, when the fingerprint differs). settings.fixed: encode with this tokenizer (a pretrained
     model's; a char vocabulary is kept as it is) instead of the one settings.tokenizer_name names."""
-    tokenizer_name, val_fraction, fixed = settings.tokenizer_name, settings.val_fraction, settings.fixed
-    num_proc, quiet = settings.num_proc, settings.quiet
+    val_fraction, num_proc, quiet = settings.val_fraction, settings.num_proc, settings.quiet
     source = PartSource(corpus, cache_dir, PART_DOCS)  # read at each call (a test lowers it); workers cut by it too
     parts = plan_parts(rows, corpus, source.part_docs)
     plan = {"fingerprint": fp, "parts": len(parts), "tokenizer": None}
@@ -294,11 +293,8 @@ def encode_documents_sharded(corpus: Corpus, rows: Any, cache_dir: Path, fp: str
         _drop_temp_files(out_dir)
     else:
         start_over(out_dir, plan, keep="hf")
-        if fixed is not None:
-            tok = fixed
-        else:
-            tok = TiktokenTokenizer(tokenizer_name) if tokenizer_name != "char" else _char_vocabulary(
-                parts, source, num_proc, quiet)
+        given = settings.given_tokenizer()
+        tok = given if given is not None else _char_vocabulary(parts, source, num_proc, quiet)
         write_json_atomic(work / PLAN, {**plan, "tokenizer": tok.to_json()})
     dtype = bin_dtype(tok.vocab_size)
 
