@@ -61,8 +61,4 @@ def repeated_lines(alphabet_size: int, min_length: int, max_length: int, num_seq
     code_points = np.array([ord(c) for c in alphabet(alphabet_size)], dtype="<u4")  # (alphabet_size,)
     text = code_points[ids].tobytes().decode("utf-32-le")  # every sequence once, back to back
     ends = np.cumsum(lengths).tolist()
-    lines = []
-    for start, end in zip([0, *ends[:-1]], ends):
-        sequence = text[start:end]
-        lines.append(sequence + sequence + SEPARATOR)
-    return lines
+    return [text[start:end] * 2 + SEPARATOR for start, end in zip([0, *ends[:-1]], ends)]

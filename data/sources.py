@@ -112,11 +112,7 @@ def _stats(files: list[Path]) -> list[list[Any]]:
     (tinyshakespeare in another data folder is the same corpus; local text files are also named by their paths,
     in the corpus's identity). Folders prepared when this held a hash of the first and last MiB only carry other
     entries: they no longer match, and are prepared again, once."""
-    out = []
-    for f in files:
-        size = f.stat().st_size
-        out.append([f.name, size, file_sha256(f)])
-    return out
+    return [[f.name, f.stat().st_size, file_sha256(f)] for f in files]
 
 
 def sampled_file_stats(files: list[Path]) -> list[list[Any]]:
@@ -151,9 +147,8 @@ def resolve_corpus(cfg: DataConfig, quiet: bool = False) -> Corpus:
     """Check that the source exists and describe it, without reading it (downloads tinyshakespeare if absent)."""
     if cfg.source == "tinyshakespeare":
         path = ensure_tinyshakespeare(quiet)
-        return Corpus(kind="text", label="tinyshakespeare", description=f"tinyshakespeare ({path})",
-                      identity={"source": "tinyshakespeare"}, file_stats=_stats([path]),
-                      load_kwargs=_text_load_kwargs([path]), local_files=[path], streaming=cfg.streaming)
+        return _text_corpus([path], cfg, label="tinyshakespeare", description=f"tinyshakespeare ({path})",
+                            identity={"source": "tinyshakespeare"})
     if cfg.source == "text":
         files = list_text_files(cfg.text_paths())
         if sum(f.stat().st_size for f in files) == 0:
@@ -161,9 +156,8 @@ def resolve_corpus(cfg: DataConfig, quiet: bool = False) -> Corpus:
                             f"point data.path at text files with content")
         first = Path(cfg.text_paths()[0])
         where = f"{files[0]}" if len(files) == 1 else f"{len(files)} files from {first.resolve()}"
-        return Corpus(kind="text", label=slugify(first.stem or first.name), description=f"text: {where}",
-                      identity={"source": "text", "files": [str(f) for f in files]}, file_stats=_stats(files),
-                      load_kwargs=_text_load_kwargs(files), local_files=files, streaming=cfg.streaming)
+        return _text_corpus(files, cfg, label=slugify(first.stem or first.name), description=f"text: {where}",
+                            identity={"source": "text", "files": [str(f) for f in files]})
     if cfg.source == "repeated":
         return _resolve_repeated(cfg)
     return _resolve_hub(cfg)
@@ -180,8 +174,11 @@ def _resolve_repeated(cfg: DataConfig) -> Corpus:
                   streaming=cfg.streaming, repeated=settings)
 
 
-def _text_load_kwargs(files: list[Path]) -> dict[str, Any]:
-    return {"path": "text", "data_files": [str(f) for f in files], "split": "train", "keep_linebreaks": True}
+def _text_corpus(files: list[Path], cfg: DataConfig, **described: Any) -> Corpus:
+    """Local text files read as one text (label, description and identity given)."""
+    return Corpus(kind="text", file_stats=_stats(files), local_files=files, streaming=cfg.streaming, **described,
+                  load_kwargs={"path": "text", "data_files": [str(f) for f in files], "split": "train",
+                               "keep_linebreaks": True})
 
 
 def _resolve_hub(cfg: DataConfig) -> Corpus:
