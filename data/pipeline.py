@@ -114,22 +114,6 @@ class ShardWriter:
         return self.entries
 
 
-class SplitWriters:
-    """A ShardWriter per split, with the counts of what was written."""
-
-    def __init__(self, folder: Path, dtype: np.dtype, shard_tokens: int | None = None) -> None:
-        self.dtype = dtype
-        self.writers = {split: ShardWriter(folder, split, dtype, shard_tokens) for split in ("train", "val")}
-        self.counts = BinCounts()
-
-    def write(self, split: str, ids: Any) -> None:
-        self.writers[split].write(ids)
-        self.counts.tokens[split] = self.writers[split].tokens
-
-    def close(self) -> dict[str, list[dict[str, Any]]]:
-        return {split: writer.close() for split, writer in self.writers.items()}
-
-
 # --- encoding functions (run inside datasets.map workers, so they rebuild the tokenizer from JSON) ---------
 
 _TOKENIZERS: dict[str, AnyTokenizer] = {}
@@ -253,30 +237,34 @@ def _write_text(corpus: Corpus, rows: Any, work_dir: Path, settings: EncodeSetti
         raise UserError(f"the corpus {corpus.description} has only {total} characters: too few for a train and a "
                         f"val split with val_fraction {val_fraction}; use more text")
     tok: AnyTokenizer = given if given is not None else CharTokenizer("".join(chars))
-    writer = SplitWriters(work_dir, bin_dtype(tok.vocab_size), SHARD_TOKENS)
+    dtype = bin_dtype(tok.vocab_size)
+    writers = {split: ShardWriter(work_dir, split, dtype, SHARD_TOKENS) for split in ("train", "val")}
     try:
         # pass 2: encode each piece (train part / val part) and append
         if streaming:
             with tqdm(total=total, desc="encode text", unit="char", unit_scale=True, disable=quiet) as bar:
                 for piece in group_rows(_iter_rows(rows)):
                     train_text, val_text = split_piece(piece.text, piece.start_char, split_at)
-                    writer.write("train", encode_text(tok, train_text))
-                    writer.write("val", encode_text(tok, val_text))
+                    writers["train"].write(encode_text(tok, train_text))
+                    writers["val"].write(encode_text(tok, val_text))
                     bar.update(len(piece.text))
         else:
             import datasets
 
             table = datasets.Dataset.from_dict(ranges)
-            with _environ_kept():
+            ids = datasets.List(datasets.Value(dtype.name))
+            with _environ_kept():  # output to the work folder as typed token lists, never from a stale cache
                 encoded = table.map(_encode_text_ranges, batched=True, batch_size=1, writer_batch_size=4,
                                     fn_kwargs={"lines": rows, "tokenizer": tok.to_json(), "split_at": split_at},
-                                    **_map_kwargs(work_dir, writer.dtype, num_proc, table.column_names))
-            _copy_encoded(encoded, writer, batch_size=4, quiet=quiet)
+                                    features=datasets.Features({"train": ids, "val": ids}), desc="encode",
+                                    remove_columns=table.column_names, num_proc=num_proc if num_proc > 1 else None,
+                                    cache_file_name=str(work_dir / "encoded.arrow"), load_from_cache_file=False,
+                                    new_fingerprint=f"attngpt-{os.getpid()}-{id(work_dir)}")
+            _copy_encoded(encoded, writers, batch_size=4, quiet=quiet)
     finally:
-        shards = writer.close()
-    writer.counts.characters = total
-    writer.counts.documents = {}  # one continuous text: pieces are not documents
-    return tok, writer.counts, shards
+        shards = {split: writer.close() for split, writer in writers.items()}
+    tokens = {split: writer.tokens for split, writer in writers.items()}
+    return tok, BinCounts(tokens, documents={}, characters=total), shards  # one text: its pieces are not documents
 
 
 @contextmanager
@@ -301,26 +289,13 @@ def _environ_kept() -> Iterator[None]:
             environ["TOKENIZERS_PARALLELISM"] = parallelism
 
 
-def _map_kwargs(work_dir: Path, dtype: np.dtype, num_proc: int, input_columns: list[str]) -> dict[str, Any]:
-    """Shared datasets.map settings: output to the work folder, typed token lists, never a stale cache."""
-    import datasets
-
-    ids = datasets.List(datasets.Value(dtype.name))
-    return {"features": datasets.Features({"train": ids, "val": ids}), "remove_columns": input_columns,
-            "num_proc": num_proc if num_proc > 1 else None, "cache_file_name": str(work_dir / "encoded.arrow"),
-            "load_from_cache_file": False, "new_fingerprint": f"attngpt-{os.getpid()}-{id(work_dir)}",
-            "desc": "encode"}
-
-
-def _copy_encoded(encoded: Any, writer: SplitWriters, batch_size: int, quiet: bool) -> None:
+def _copy_encoded(encoded: Any, writers: dict[str, ShardWriter], batch_size: int, quiet: bool) -> None:
     """Append the map output's token lists, in row order, to the shards (zero-copy from Arrow)."""
     import pyarrow.compute as pc
 
     with tqdm(total=len(encoded), desc="write shards", unit="row", unit_scale=True, disable=quiet) as bar:
         for table in encoded.with_format("arrow").iter(batch_size=batch_size):
-            for split in ("train", "val"):
-                column = table.column(split)
-                writer.counts.documents[split] += int(pc.sum(pc.greater(pc.list_value_length(column), 0)).as_py() or 0)
-                for chunk in pc.list_flatten(column).chunks:
-                    writer.write(split, chunk.to_numpy(zero_copy_only=False))
+            for split, writer in writers.items():
+                for chunk in pc.list_flatten(table.column(split)).chunks:
+                    writer.write(chunk.to_numpy(zero_copy_only=False))
             bar.update(table.num_rows)

@@ -333,7 +333,8 @@ def encode_documents_sharded(corpus: Corpus, rows: Any, cache_dir: Path, fp: str
             records[index] = split_part(index, first_doc, work, out_dir, dtype, val_fraction)
             first_doc += records[index]["docs"]
             del encoded[index]
-            _test_kill(len(records))
+            if os.environ.get(TEST_KILL_ENV) == str(len(records)):  # die the way an out-of-memory kill would
+                os.kill(os.getpid(), signal.SIGKILL)
 
     peak_rss = [0.0]
 
@@ -384,10 +385,3 @@ def _totals(corpus: Corpus, records: dict[int, dict[str, Any]], n_parts: int, va
     if counts.documents["train"] == 0:
         raise UserError(f"train split is empty: lower data.val_fraction ({val_fraction}) or use more documents")
     return counts, shards
-
-
-def _test_kill(parts_done: int) -> None:
-    """The crash-test hook: with ATTNGPT_TEST_KILL_AFTER_PARTS=N set (tests only), die by SIGKILL, the way
-    an out-of-memory kill or a pulled plug would, as soon as N parts are done. Unset, it does nothing."""
-    if os.environ.get(TEST_KILL_ENV) == str(parts_done):
-        os.kill(os.getpid(), signal.SIGKILL)
