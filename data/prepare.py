@@ -88,8 +88,12 @@ def prepare_data(cfg: DataConfig, *, block_size: int | None = None, quiet: bool 
                  force: bool = False, tokenizer: Tokenizer | None = None) -> PreparedData:
     """Prepared shards for `cfg`: reused when complete and up to date, else (re)made. Bad input -> UserError.
     tokenizer: encode with this one (a pretrained model's, train.init_from) instead of cfg.tokenizer's."""
-    if not prepared_root().is_dir():
-        _make_prepared_root()  # first: a data folder that cannot exist fails before any download
+    if not prepared_root().is_dir():  # first: a data folder that cannot exist fails before any download
+        try:
+            prepared_root().mkdir(parents=True, exist_ok=True)  # e.g. ATTNGPT_DATA_DIR below a regular file
+        except OSError as e:
+            raise UserError(f"cannot create the data folder '{prepared_root()}' ({e.strerror or e}): set "
+                            f"{DATA_DIR_ENV} to a writable folder") from None
     corpus = resolve_corpus(cfg, quiet)
     if cfg.tokenizer != "char" and tokenizer is None:
         TiktokenTokenizer(cfg.tokenizer)  # fail before reading the corpus if the encoding cannot load
@@ -108,14 +112,6 @@ def prepare_data(cfg: DataConfig, *, block_size: int | None = None, quiet: bool 
     if block_size is not None:
         prepared.check_block_size(block_size)
     return prepared
-
-
-def _make_prepared_root() -> None:
-    try:
-        prepared_root().mkdir(parents=True, exist_ok=True)  # e.g. ATTNGPT_DATA_DIR below a regular file
-    except OSError as e:
-        raise UserError(f"cannot create the data folder '{prepared_root()}' ({e.strerror or e}): set "
-                        f"{DATA_DIR_ENV} to a writable folder") from None
 
 
 def _reusable(out_dir: Path, fp: str) -> tuple[PreparedData | None, str | None]:

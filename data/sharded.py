@@ -260,12 +260,6 @@ def read_plan(out_dir: Path) -> dict[str, Any]:
     return plan if isinstance(plan, dict) else {}
 
 
-def _drop_temp_files(out_dir: Path) -> None:
-    for folder in (out_dir, out_dir / WORK):
-        for tmp in folder.glob(".*.tmp"):
-            tmp.unlink()
-
-
 @dataclass
 class ShardedResult:
     tokenizer: AnyTokenizer
@@ -290,7 +284,8 @@ def encode_documents_sharded(corpus: Corpus, rows: Any, cache_dir: Path, fp: str
     work = out_dir / WORK
     if resuming:
         tok: AnyTokenizer = _tokenizer(old["tokenizer"])
-        _drop_temp_files(out_dir)
+        for tmp in [*out_dir.glob(".*.tmp"), *work.glob(".*.tmp")]:  # a partial file is never reused
+            tmp.unlink()
     else:
         start_over(out_dir, plan, keep="hf")
         given = settings.given_tokenizer()
@@ -325,16 +320,14 @@ def encode_documents_sharded(corpus: Corpus, rows: Any, cache_dir: Path, fp: str
     def split_ready() -> None:  # split every part whose predecessors are all encoded, in order
         first_doc = 0
         for index in range(len(parts)):
-            if index in records:
-                first_doc += records[index]["docs"]
-                continue
-            if index not in encoded:
-                return
-            records[index] = split_part(index, first_doc, work, out_dir, dtype, val_fraction)
+            if index not in records:
+                if index not in encoded:
+                    return
+                records[index] = split_part(index, first_doc, work, out_dir, dtype, val_fraction)
+                del encoded[index]
+                if os.environ.get(TEST_KILL_ENV) == str(len(records)):  # die the way an out-of-memory kill would
+                    os.kill(os.getpid(), signal.SIGKILL)
             first_doc += records[index]["docs"]
-            del encoded[index]
-            if os.environ.get(TEST_KILL_ENV) == str(len(records)):  # die the way an out-of-memory kill would
-                os.kill(os.getpid(), signal.SIGKILL)
 
     peak_rss = [0.0]
 

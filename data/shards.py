@@ -79,31 +79,23 @@ class TokenStream:
             return np.zeros(0, dtype=self.dtype)
         first = int(np.searchsorted(self.starts, start, side="right")) - 1
         pieces = []
-        for k in range(first, len(self.shards)):
+        for k in range(first, len(self.shards)):  # shard `first` holds `start`: every one from it ends after start
             lo, hi = int(self.starts[k]), int(self.starts[k + 1])
             if lo >= stop:
                 break
-            if hi > start:
-                tokens = self._map(k)
-                pieces.append(np.array(tokens[max(start, lo) - lo:min(stop, hi) - lo]))
-                del tokens
+            pieces.append(np.array(self._map(k)[max(start, lo) - lo:min(stop, hi) - lo]))
         return np.concatenate(pieces)
 
     def windows(self, starts: np.ndarray, length: int) -> np.ndarray:
         """(B, length) ids: the windows beginning at `starts` (B,), each possibly spanning shards."""
         positions = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(length, dtype=np.int64)  # (B, L)
         if len(self.shards) == 1:
-            tokens = self._map(0)
-            out = np.asarray(tokens[positions])
-            del tokens
-            return out
+            return np.asarray(self._map(0)[positions])
         which = np.searchsorted(self.starts, positions, side="right") - 1  # (B, L) shard of each position
         out = np.empty(positions.shape, dtype=self.dtype)
         for k in np.unique(which):
             here = which == k
-            tokens = self._map(int(k))
-            out[here] = tokens[positions[here] - self.starts[k]]
-            del tokens
+            out[here] = self._map(int(k))[positions[here] - self.starts[k]]
         return out
 
 
