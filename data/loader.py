@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from common.errors import UserError
-from data.shards import Shard, SplitFiles, TokenStream
+from data.shards import REPREPARE, Shard, SplitFiles, TokenStream
 
 
 class BatchLoader:
@@ -90,8 +90,7 @@ class BatchLoader:
         windows = self.stream.windows(starts, self.block_size + 1).astype(np.int64)  # (B, T+1)
         if self.vocab_size is not None and int(windows.max()) >= self.vocab_size:
             raise UserError(f"the {self.split} data holds token id {int(windows.max())}, but the tokenizer has only "
-                            f"{self.vocab_size} ids: the prepared folder of '{self.path}' is damaged; prepare it "
-                            f"again with `python -m data.prepare CONFIG --force`")
+                            f"{self.vocab_size} ids: the prepared folder of '{self.path}' is damaged; {REPREPARE}")
         self.batches_drawn += 1
         x = torch.from_numpy(np.ascontiguousarray(windows[:, :-1]))  # (B, T)
         y = torch.from_numpy(np.ascontiguousarray(windows[:, 1:]))  # (B, T)

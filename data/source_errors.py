@@ -148,8 +148,7 @@ def first_invalid_utf8(files: list[Path], chunk_bytes: int = 1 << 20) -> tuple[P
                 try:
                     decoder.decode(chunk, final=not chunk)
                 except UnicodeDecodeError as e:
-                    where = offset - pending + e.start
-                    return path, where, e.object[e.start]
+                    return path, offset - pending + e.start, e.object[e.start]
                 if not chunk:
                     break
                 offset += len(chunk)
@@ -162,9 +161,7 @@ def first_invalid_utf8(files: list[Path], chunk_bytes: int = 1 << 20) -> tuple[P
 def file_format(corpus: Corpus, path: Path) -> str | None:
     """The format `datasets` reads `path` of `corpus` as, or None when it is none of the local builders'."""
     builder = corpus.load_kwargs.get("path")
-    if builder in LOCAL_BUILDERS:
-        return builder
-    return EXTENSIONS.get(path.suffix.lower())
+    return builder if builder in LOCAL_BUILDERS else EXTENSIONS.get(path.suffix.lower())
 
 
 def unreadable_file(corpus: Corpus) -> tuple[Path, str, str] | None:

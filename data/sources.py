@@ -204,11 +204,10 @@ def _resolve_hub(cfg: DataConfig) -> Corpus:
     identity = {"source": "hub", "name": name, "config_name": cfg.config_name, "data_files": data_files,
                 "split": cfg.split, "text_column": cfg.text_column, "max_docs": cfg.max_docs}
     load_kwargs: dict[str, Any] = {"path": name, "name": cfg.config_name, "split": cfg.split}
-    if data_files:
-        load_kwargs["data_files"] = data_files
     label = name if name not in LOCAL_BUILDERS else f"{name}-{Path(data_files[0]).stem}"  # type: ignore[index]
     files = None
     if data_files:
+        load_kwargs["data_files"] = data_files
         files = data_files[0] if len(data_files) == 1 else f"{data_files[0]} and {len(data_files) - 1} more"
     where = ", ".join(f"{k} {v}" for k, v in (("files", files), ("config", cfg.config_name), ("split", cfg.split),
                                                ("column", cfg.text_column)) if v)

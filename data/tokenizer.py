@@ -253,12 +253,8 @@ def byte_level_alphabet() -> dict[int, str]:
     """GPT-2's byte -> printable character map: byte-level BPE vocabularies spell every byte as one of
     these (a space is 'Ġ'), so that tokens are valid JSON strings."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = chr(256 + extra)
-            extra += 1
+    rest = [b for b in range(256) if b not in printable]  # spelt from U+0100 on, in byte order
+    chars = {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(rest)}}
     return dict(sorted(chars.items()))
 
 

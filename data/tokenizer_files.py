@@ -95,6 +95,4 @@ def read_merges_txt(path: Path) -> tuple[str, ...]:
 def merges_of(payload: dict[str, Any]) -> tuple[str, ...] | None:
     """A checked tokenizer.json's merges as "a b" strings (None when its model has none)."""
     merges = payload["model"].get("merges")
-    if merges is None:
-        return None
-    return tuple(m if isinstance(m, str) else " ".join(m) for m in merges)
+    return None if merges is None else tuple(m if isinstance(m, str) else " ".join(m) for m in merges)
