@@ -72,11 +72,13 @@ class CharTokenizer:
     """One id per distinct character of the corpus, in code-point order."""
 
     name = "char"
+    eot: int | None = None  # no document separator
 
     def __init__(self, chars: str) -> None:
         if len(set(chars)) != len(chars):
             raise ValueError("CharTokenizer characters must be distinct")
         self.chars = "".join(sorted(chars))
+        self.vocab_size = len(self.chars)
         self._stoi = {ch: i for i, ch in enumerate(self.chars)}
         # (V,) code points, sorted, for the vectorised encoder
         self._code_points = np.array([ord(c) for c in self.chars], dtype=np.uint32)
@@ -84,14 +86,6 @@ class CharTokenizer:
     @classmethod
     def from_text(cls, text: str) -> CharTokenizer:
         return cls("".join(set(text)))
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.chars)
-
-    @property
-    def eot(self) -> int | None:
-        return None
 
     def unknown_chars(self, text: str) -> list[str]:
         """The distinct characters of `text` that are not in the vocabulary, in order of appearance."""
@@ -281,22 +275,14 @@ class HFTokenizer:
         self._tk.encode_special_tokens = True  # "<s>" in a text is text, as tiktoken's encode_ordinary
         self.data, self.sha256 = data, hashlib.sha256(data).hexdigest()
         self.name, self.path = name, path
-        self._vocab_size = max(self._tk.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+        self.vocab_size = max(self._tk.get_vocab(with_added_tokens=True).values(), default=-1) + 1
         for which, value in (("eot", eot), ("bos", bos)):
-            if value is not None and not 0 <= value < self._vocab_size:
-                raise UserError(f"{which} id {value} is outside the tokenizer's {self._vocab_size} tokens")
-        self._eot, self.bos = eot, bos
+            if value is not None and not 0 <= value < self.vocab_size:
+                raise UserError(f"{which} id {value} is outside the tokenizer's {self.vocab_size} tokens")
+        self.eot, self.bos = eot, bos
         self._special = {t.content for t in self._tk.get_added_tokens_decoder().values() if t.special}
         byte_level = '"ByteLevel"' in json.dumps(payload.get("decoder"))
         self._bytes = {c: b for b, c in byte_level_alphabet().items()} if byte_level else None
-
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab_size
-
-    @property
-    def eot(self) -> int | None:
-        return self._eot
 
     def encode(self, text: str) -> list[int]:
         return self._tk.encode(text, add_special_tokens=False).ids
@@ -306,12 +292,12 @@ class HFTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         """Text of ids, special tokens (<s>, </s>) left out; an id outside the vocabulary reads U+FFFD."""
-        return _decode_runs(ids, self._vocab_size, self._tk.decode)
+        return _decode_runs(ids, self.vocab_size, self._tk.decode)
 
     def token_strings(self, ids: list[int]) -> list[str]:
         labels = []
         for i in map(int, ids):
-            piece = self._tk.id_to_token(i) if 0 <= i < self._vocab_size else None
+            piece = self._tk.id_to_token(i) if 0 <= i < self.vocab_size else None
             labels.append(f"<{i}>" if piece is None else self._piece_text(piece))
         return labels
 
@@ -331,19 +317,19 @@ class HFTokenizer:
         ids = self._tk.encode(text, add_special_tokens=True).ids
         if ids:
             return ids
-        fallback = self.bos if self.bos is not None else self._eot
+        fallback = self.bos if self.bos is not None else self.eot
         return [fallback if fallback is not None else 0]
 
     def ordinary_ids(self) -> np.ndarray:
         """Ids of the vocabulary's tokens but the special ones (<s>, </s>, <unk>, ...), int64 ascending."""
         special = {i for i, t in self._tk.get_added_tokens_decoder().items() if t.special}
-        return np.array([i for i in range(self._vocab_size)
+        return np.array([i for i in range(self.vocab_size)
                          if i not in special and self._tk.id_to_token(i) is not None], dtype=np.int64)
 
     @property
     def start_id(self) -> int:
         """The beginning-of-sequence id, else the end-of-sequence id, else the first ordinary id."""
-        for candidate in (self.bos, self._eot):
+        for candidate in (self.bos, self.eot):
             if candidate is not None:
                 return candidate
         return int(self.ordinary_ids()[0])
@@ -351,7 +337,7 @@ class HFTokenizer:
     def to_json(self) -> dict[str, Any]:
         """In memory: names the file it was read from (stored_tokenizer gives the description to write)."""
         return {"kind": "hf", "name": self.name, "file": str(self.path.resolve()) if self.path else HF_FILE,
-                "sha256": self.sha256, "vocab_size": self._vocab_size, "eot": self._eot, "bos": self.bos}
+                "sha256": self.sha256, "vocab_size": self.vocab_size, "eot": self.eot, "bos": self.bos}
 
     def __repr__(self) -> str:
         return f"HFTokenizer({self.name!r}, vocab_size={self.vocab_size})"
