@@ -3,9 +3,8 @@
 Why this shape: like nanoGPT's get_batch, each batch is `batch_size` windows of `block_size + 1` tokens at
 uniformly random offsets of one flat token stream; `x` is a window's first block_size tokens and `y` the same
 window shifted by one (the next-token targets). On top of that:
-- Shards: the stream is the split's shard files read in order as one (data/shards.py); a window may
-  straddle two shards and is read exactly as from a single file, so the batches of a seed do not depend
-  on how the split is sharded (a one-file split gives nanoGPT-style offsets into that file).
+- Shards: the stream is the split's shard files read in order as one (data/shards.py: why a window may
+  straddle two); a one-file split gives nanoGPT-style offsets into that file.
 - Determinism: the offsets of global batch number g come from a PCG64 generator seeded by (seed, split, g),
   so a seed fixes the whole stream and train and val streams differ.
 - DDP: rank r of world_size W draws global batches r, r + W, r + 2W, ...: every rank draws its own
@@ -13,8 +12,7 @@ window shifted by one (the next-token targets). On top of that:
   micro-batches sees in the same step (so their losses agree, tests/training/test_parallel_ddp.py).
 - Resumption: the position in the stream is one number, the batches drawn (`state_dict()`, plain JSON);
   `load_state_dict()` continues exactly where the saved run was.
-- The memmaps are re-opened for every batch (as nanoGPT does): a long-lived np.memmap keeps every page it
-  ever touched mapped, which shows up as ever-growing memory on big corpora.
+- The memmaps are re-opened for every batch, as nanoGPT does (data/shards.py: TokenStream says why).
 - Ids: with `vocab_size` given, every batch is checked to hold only ids below it before it leaves here
   (a max over B*(T+1) ids), so a damaged shard stops the run with one line instead of reaching the
   embedding.

@@ -59,10 +59,8 @@ class BinCounts:
 @dataclass(frozen=True)
 class EncodeSettings:
     """How a prepare encodes its corpus, a continuous text (write_text_shards) or documents
-    (data.sharded.encode_documents_sharded) alike: the tokenizer the config names (tokenizer_name), or
-    `fixed` in its place (a pretrained model's; a char vocabulary is kept as it is, not rebuilt from the
-    corpus); the share held out for val; worker processes; and whether progress bars are hidden. One
-    record because data.prepare reads them from one DataConfig and both encoders need every one."""
+    (data.sharded.encode_documents_sharded) alike, read from one DataConfig: the tokenizer the config names,
+    or `fixed` in its place (a pretrained model's; a char vocabulary is kept as it is, not rebuilt)."""
     tokenizer_name: str
     val_fraction: float
     num_proc: int = 1

@@ -10,9 +10,8 @@ dataset its name, config, split, column, data_files and max_docs), the name, siz
 each of its local files (data/sources.py: not modification times, so a copied data folder is still recognised
 when its paths stay the same), the tokenizer, the split settings and TOKENS_VERSION (not num_proc or
 streaming: they do not change the tokens). An edit anywhere in a local file is a changed corpus, and its
-folder is prepared again (also a folder prepared when only the first and last MiB of each file were hashed:
-once; where the data folder is not writable, such a folder whose files match by those MiB is used as it is,
-with a warning). A hub dataset's content is not fingerprinted (only what names it): pass `--force`
+folder is prepared again (once also a folder from when only each file's first and last MiB were hashed:
+`_reusable_as_sampled`). A hub dataset's content is not fingerprinted (only what names it): pass `--force`
 after it changed.
 
 One writer, any number of readers. A complete, up-to-date folder is opened read-only (data/prepared.py:

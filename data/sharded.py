@@ -19,8 +19,6 @@ Why: a hub corpus such as FineWeb-Edu's 10B-token sample is ~28 GB of text, and 
   finds the same plan keeps each part recorded as done (its shards checked against the record) and each
   part encoded but not yet split, deletes every temp file (a partial file is never reused), and encodes
   the rest. Any other plan starts over.
-- Progress: one bar over documents, with an ETA when the corpus size is known (an in-memory dataset,
-  parquet metadata, or the dataset's split info), the parts done and the tokens per second.
 """
 from __future__ import annotations
 
@@ -273,8 +271,7 @@ def encode_documents_sharded(corpus: Corpus, rows: Any, cache_dir: Path, fp: str
                              settings: EncodeSettings) -> ShardedResult:
     """Encode a document corpus (`rows`, loaded by `load_rows(corpus, cache_dir)`) into out_dir's shards,
     resuming an interrupted prepare of the same plan (the caller has already emptied out_dir, but for
-    .work/hf, when the fingerprint differs). settings.fixed: encode with this tokenizer (a pretrained
-    model's; a char vocabulary is kept as it is) instead of the one settings.tokenizer_name names."""
+    .work/hf, when the fingerprint differs)."""
     val_fraction, num_proc, quiet = settings.val_fraction, settings.num_proc, settings.quiet
     source = PartSource(corpus, cache_dir, PART_DOCS)  # read at each call (a test lowers it); workers cut by it too
     parts = plan_parts(rows, corpus, source.part_docs)

@@ -61,7 +61,8 @@ def shard_name(split: str, index: int) -> str:
 
 class TokenStream:
     """The shards of one split read as one flat stream of `n_tokens` ids. Every read maps the files it
-    needs afresh (np.memmap) and drops them after: a long-lived map keeps every page it ever touched."""
+    needs afresh (np.memmap) and drops them after: a long-lived map keeps every page it ever touched
+    mapped, which shows up as ever-growing memory on big corpora."""
 
     def __init__(self, shards: list[Shard], dtype: np.dtype | str | type):
         self.shards = list(shards)
@@ -123,11 +124,9 @@ def shard_max(shard: Shard, dtype: np.dtype, full: bool = True) -> int:
 
 
 def check_ids(shards: dict[str, list[Shard]], dtype: np.dtype, vocab_size: int, where: str) -> None:
-    """Refuse a folder whose shards hold an id >= vocab_size (UserError naming the shard and the id).
-
-    The max the preparer recorded is compared first (it catches a meta.json whose tokenizer was cut
-    short); then the data itself is read, whole when the folder holds at most FULL_CHECK_TOKENS tokens,
-    else sampled (meta.json can be edited: it is not trusted alone)."""
+    """Refuse a folder whose shards hold an id >= vocab_size (UserError naming the shard and the id). The max
+    the preparer recorded is compared first (it catches a meta.json whose tokenizer was cut short); then the
+    data itself is read (meta.json can be edited: it is not trusted alone), whole up to FULL_CHECK_TOKENS."""
     everything = [s for split in shards.values() for s in split]
     full = sum(s.tokens for s in everything) <= FULL_CHECK_TOKENS
     for shard in everything:

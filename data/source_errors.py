@@ -80,11 +80,9 @@ def _below_error(record: Any) -> bool:
 
 @contextmanager
 def corpus_errors(corpus: Corpus, writing: Path, *, reading: bool) -> Iterator[None]:
-    """Loading a dataset is all user input (names, files, network): every failure becomes one line. While
-    `reading` rows, only undecodable bytes, I/O or network failures and a local file that its format's reader
-    refuses (`unreadable_file`) are the user's to fix; anything else is a bug and keeps its traceback. `writing`:
-    the folder written meanwhile (the `datasets` cache, or the one rows are encoded into), named when a write
-    there finds the disk full. datasets' error records are dropped meanwhile (also in the processes it forks)."""
+    """Failures as one line (module doc): every one while loading, only the user's to fix while `reading` rows.
+    `writing`: the folder written meanwhile (the `datasets` cache, or the one rows are encoded into), named when
+    a write there finds the disk full. datasets' error records are dropped meanwhile (also in its forks)."""
     import datasets.utils.logging as ds_logging
 
     handlers = list(ds_logging.get_logger().handlers)

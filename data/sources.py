@@ -16,11 +16,6 @@ Two shapes of corpus:
   rows gives back the text exactly. The repeated source's lines are generated in memory (data/repeated.py),
   from its settings alone: they are its identity, and it has no files.
 - "documents" (source hub): every row of `text_column` is one document. Empty (or null) rows are skipped.
-  Example (needs the network once; cached in the data folder afterwards):
-      data: {source: hub, name: roneneldan/TinyStories, text_column: text, tokenizer: gpt2}
-  and for corpora larger than disk or RAM add `streaming: true` (and perhaps `max_docs: 1000000`).
-
-Text that is not UTF-8 is refused, never silently repaired (data/source_errors.py).
 """
 from __future__ import annotations
 
@@ -106,12 +101,11 @@ def list_text_files(paths: list[str]) -> list[Path]:
 def _stats(files: list[Path]) -> list[list[Any]]:
     """[name, size, content hash] per file: what tells a changed corpus from the same one.
 
-    The hash is a sha256 of the file's every byte, read in 1 MiB chunks (benchmarks/RESULTS.md: 0.16 s per
-    100 MB on a shared 2-core machine, from the page cache), so any edit, anywhere, is a changed corpus. No path and no
+    The hash is a sha256 of the file's every byte, read in 1 MiB chunks (benchmarks/RESULTS.md: 0.16 s per 100 MB
+    on a shared 2-core machine, from the page cache), so any edit, anywhere, is a changed corpus. No path and no
     modification time: the same bytes give the same entries wherever they lie and however they were copied
     (tinyshakespeare in another data folder is the same corpus; local text files are also named by their paths,
-    in the corpus's identity). Folders prepared when this held a hash of the first and last MiB only carry other
-    entries: they no longer match, and are prepared again, once."""
+    in the corpus's identity). Folders from when only the first and last MiB were hashed: sampled_file_stats."""
     return [[f.name, f.stat().st_size, file_sha256(f)] for f in files]
 
 

@@ -1,8 +1,8 @@
 """Tokenizers: characters of the corpus, or a tiktoken BPE encoding such as GPT-2's, behind one interface.
 
-Why one small interface: the prepare step, the batch loader's consumers, sampling and the attention
-heatmaps all need the same five things (encode, decode, vocabulary size, the document separator, a label
-per token), and a checkpoint must carry its tokenizer so sampling rebuilds it exactly. Both tokenizers
+Why one small interface (`Tokenizer`): the prepare step, the batch loader's consumers, sampling and the
+attention heatmaps all need the same things (encode, decode, vocabulary size, the document separator, a
+label per token), and a checkpoint must carry its tokenizer so sampling rebuilds it exactly. All three
 serialise to a small JSON dict (`to_json`) and come back through `tokenizer_from_json` (at the end of
 this module); nothing is pickled.
 
@@ -23,12 +23,10 @@ this module); nothing is pickled.
 Ids outside the vocabulary (a model whose embedding is padded past `vocab_size` can sample them) decode
 to U+FFFD rather than crashing a sampling run.
 
-Probing a model with random text (insight/roles.py) needs the tokenizer's ordinary tokens, the ones text
-is made of: `ordinary_ids()` is every id of the vocabulary but its special tokens (<|endoftext|>, <s>, ...),
-ids the encoding leaves unassigned, and never a padded embedding's extra ids. `start_id` opens a sequence
-the way training data does: the end-of-text / beginning-of-sequence token where the tokenizer has one
-(BOS first: a Llama model is trained with <s> first), else the newline a char prompt starts from (id 0
-without one).
+Probing a model with random text (insight/roles.py) needs the ids text is made of (`ordinary_ids()`: never
+a special token, an unassigned id or a padded embedding's extra id) and a start the way training data opens
+a sequence (`start_id`: BOS first, as a Llama model is trained with <s> first; else end-of-text; else a char
+prompt's newline).
 """
 from __future__ import annotations
 
