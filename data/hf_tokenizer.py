@@ -85,7 +85,7 @@ def _folder_bpe(folder: Path) -> tuple[dict[str, int], tuple[str, ...] | None] |
     """The folder's (token -> id map, merges) if it ships a tokenizer: tokenizer.json's model vocab + added
     tokens and its merges, else vocab.json and merges.txt (None where absent); None without either file."""
     if (folder / "tokenizer.json").is_file():
-        _, spec = read_tokenizer_json(folder / "tokenizer.json")
+        spec = read_tokenizer_json(folder / "tokenizer.json")
         vocab = dict(spec["model"]["vocab"]) if isinstance(spec["model"]["vocab"], dict) else {}
         for added in spec.get("added_tokens") or []:
             vocab[added["content"]] = added["id"]

@@ -4,13 +4,12 @@ Why passes: a character vocabulary must be known before anything is encoded, and
 needs the corpus length, so a continuous text is scanned once (counting characters, collecting the
 character set, and noting where the safe cuts are) before it is encoded.
 
-A continuous text (tinyshakespeare, local text files) is encoded through `Dataset.map(batched=True,
-num_proc=N)` over its pieces (one process per shard of pieces; output order and content do not depend on
-N), writing token lists to an Arrow file in the work folder, which is then copied in order onto the split's
-token shards (`ShardWriter`). A streamed text is read a piece at a time and encoded in this process.
-Nothing ever holds more than one batch (or one ~256K-character piece) of text in memory. An interrupted
-text prepare starts over: corpora that take long to encode are document corpora (jsonl, parquet, the
-hub), which data/sharded.py encodes part by part, in parallel and resumably.
+A continuous text (tinyshakespeare, local text files) is encoded by `Dataset.map(num_proc=N)` over its
+pieces into an Arrow file in the work folder (output order and content do not depend on N), then copied in
+order onto the split's shards (`ShardWriter`); a streamed text, a piece at a time in this process. No more
+than one batch (or one ~256K-character piece) of text is ever held in memory. An interrupted text prepare
+starts over: corpora that take long to encode are document corpora (jsonl, parquet, the hub), which
+data/sharded.py encodes part by part, in parallel and resumably.
 
 Documents are each followed by a separator so the model sees where one ends: `<|endoftext|>` with BPE,
 a line break with the char tokenizer (which has no special tokens).

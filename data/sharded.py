@@ -78,9 +78,7 @@ def known_documents(rows: Any, corpus: Corpus) -> int | None:
         import pyarrow.parquet as pq
 
         total = sum(pq.ParquetFile(f).metadata.num_rows for f in corpus.local_files)
-    if corpus.max_docs is not None:
-        total = min(total, corpus.max_docs) if total is not None else None
-    return total
+    return min(total, corpus.max_docs) if total is not None and corpus.max_docs is not None else total
 
 
 # --- in the workers ---------------------------------------------------------------------------------------

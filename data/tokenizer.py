@@ -213,8 +213,7 @@ def check_tokenizer_name(name: str) -> None:
 
     known = tiktoken.list_encoding_names()
     if name != "char" and name not in known:
-        choices = ["char", *known]
-        match = difflib.get_close_matches(name, choices, n=1, cutoff=0.5)
+        match = difflib.get_close_matches(name, ["char", *known], n=1, cutoff=0.5)
         hint = f" (did you mean '{match[0]}'?)" if match else ""
         raise ValueError(f"tokenizer '{name}' is unknown{hint}: use 'char' or a tiktoken encoding "
                          f"({', '.join(known)})")
@@ -234,8 +233,7 @@ def load_tiktoken_encoding(name: str) -> Any:
         return tiktoken.get_encoding(name)
     except Exception as e:  # requests/urllib errors offline, ValueError on a corrupt cached file
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        if len(reason) > 160:
-            reason = reason[:157] + "..."
+        reason = reason if len(reason) <= 160 else reason[:157] + "..."
         raise UserError(f"cannot load tiktoken encoding '{name}': its vocabulary file is not cached and could "
                         f"not be downloaded ({type(e).__name__}: {reason}); connect to the internet once, or set "
                         f"TIKTOKEN_CACHE_DIR to a folder that holds it") from None

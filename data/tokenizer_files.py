@@ -53,10 +53,9 @@ def check_tokenizer_json(data: bytes, path: Path | None) -> dict[str, Any]:
     return payload
 
 
-def read_tokenizer_json(path: Path) -> tuple[bytes, dict[str, Any]]:
-    """(the file's bytes, its checked payload)."""
-    data = read_bounded(path, TOKENIZER_FILE_BYTES, "tokenizer.json")
-    return data, check_tokenizer_json(data, path)
+def read_tokenizer_json(path: Path) -> dict[str, Any]:
+    """The file's checked payload."""
+    return check_tokenizer_json(read_bounded(path, TOKENIZER_FILE_BYTES, "tokenizer.json"), path)
 
 
 def read_checked(path: Path) -> dict[str, Any]:
