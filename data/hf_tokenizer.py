@@ -5,8 +5,8 @@ or a non-GPT-2 tiktoken encoding, below) reads that file back. A GPT-2 checkpoin
 are GPT-2's (checked entry by entry against tiktoken's, whichever of tokenizer.json / vocab.json + merges.txt
 it ships) uses attngpt's tiktoken "gpt2" encoding: the same ids and the fast encoder. Any other checkpoint
 uses its own tokenizer.json through the `tokenizers` library (HFTokenizer), with its end-of-sequence and
-beginning-of-sequence ids taken from tokenizer_config.json, else config.json / generation_config.json. Every file is bounded in size and
-checked for its structure before it is used (data/tokenizer_files.py).
+beginning-of-sequence ids taken from tokenizer_config.json, else config.json / generation_config.json (every
+file bounded in size and checked for its structure before it is used: data/tokenizer_files.py).
 
 Writing (`hf_tokenizer_files`), beside an exported model:
     tiktoken gpt2       vocab.json + merges.txt (rebuilt from tiktoken's ranks: identical to GPT-2's own

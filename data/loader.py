@@ -16,7 +16,6 @@ window shifted by one (the next-token targets). On top of that:
 - Ids: with `vocab_size` given, every batch is checked to hold only ids below it before it leaves here
   (a max over B*(T+1) ids), so a damaged shard stops the run with one line instead of reaching the
   embedding.
-On CUDA, batches go through pinned memory and are copied with non_blocking=True.
 
 This is the one module of data/ that needs torch (it hands tensors to the training loop).
 """

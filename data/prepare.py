@@ -165,7 +165,6 @@ def _prepare_documents(cfg: DataConfig, corpus: Corpus, fp: str, out_dir: Path, 
     cache_dir = data_dir() / "hf" if corpus.remote else out_dir / WORK / "hf"  # keep hub downloads only
     rows = load_rows(corpus, cache_dir, cfg.num_proc)
     result = encode_documents_sharded(corpus, rows, cache_dir, fp, out_dir, settings)
-    del rows
     return _meta(cfg, corpus, fp, result.tokenizer, result.counts, result.shards, parts=result.parts), result.tokenizer
 
 

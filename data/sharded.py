@@ -54,9 +54,8 @@ WORK, PLAN = ".work", "plan.json"
 TEST_KILL_ENV = "ATTNGPT_TEST_KILL_AFTER_PARTS"  # tests only: SIGKILL this process once that many parts are done
 
 
-def plan_parts(rows: Any, corpus: Corpus, part_docs: int | None = None) -> list[Any]:
+def plan_parts(rows: Any, corpus: Corpus, part_docs: int) -> list[Any]:
     """The corpus cut along its own seams: a list of datasets, one per part, in corpus order."""
-    part_docs = part_docs or PART_DOCS
     if _is_streaming(rows):
         if corpus.max_docs is not None or rows.n_shards <= 1:
             return [rows]  # `take(max_docs)` counts across files: it stays one part

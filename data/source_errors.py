@@ -18,9 +18,6 @@ failed, each local file is opened here with the reader of its format, in order, 
 be read is named with the reason. Only then: it reads every file whole, which is what the failed read would
 have done anyway, and nothing here decides what a valid corpus is (`datasets` does; a file this module reads
 may still fail there, and then no file is named).
-
-The format of a file: the builder (`data.name: parquet`, json, csv, text, arrow), or, for a local dataset folder,
-the file's extension as `datasets` maps it (.parquet, .json/.jsonl, .csv, .txt, .arrow).
 """
 from __future__ import annotations
 
@@ -73,8 +70,8 @@ def root_reason(e: BaseException) -> str:
 
 
 def _below_error(record: Any) -> bool:
-    """A logging filter: `datasets` logs "Failed to read file ..." at ERROR level before it raises; the one line
-    this module makes of the error says it, so the record would only be a second line."""
+    """A logging filter: `datasets` logs "Failed to read file ..." at ERROR level before it raises, a second line
+    beside the one this module makes of the error."""
     return record.levelno < 40  # logging.ERROR
 
 
