@@ -76,13 +76,11 @@ class BatchLoader:
         self._split_key = zlib.crc32(self.split.encode("utf-8"))  # stable across runs, unlike hash()
         self.batches_drawn = 0
 
-    def _rng_for(self, global_batch: int) -> np.random.Generator:
-        return np.random.Generator(np.random.PCG64(
-            np.random.SeedSequence(entropy=self.seed, spawn_key=(self._split_key, global_batch))))
-
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """x, y: (batch_size, block_size) int64 on `device`; y[b, t] is the token after x[b, t]."""
-        rng = self._rng_for(self.batches_drawn * self.world_size + self.rank)
+        global_batch = self.batches_drawn * self.world_size + self.rank
+        rng = np.random.Generator(np.random.PCG64(
+            np.random.SeedSequence(entropy=self.seed, spawn_key=(self._split_key, global_batch))))
         starts = rng.integers(0, self.n_tokens - self.block_size, size=self.batch_size)  # (B,)
         windows = self.stream.windows(starts, self.block_size + 1).astype(np.int64)  # (B, T+1)
         if self.vocab_size is not None and int(windows.max()) >= self.vocab_size:

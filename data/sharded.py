@@ -282,8 +282,13 @@ def encode_documents_sharded(corpus: Corpus, rows: Any, cache_dir: Path, fp: str
             tmp.unlink()
     else:
         start_over(out_dir, plan, keep="hf")
-        given = settings.given_tokenizer()
-        tok = given if given is not None else _char_vocabulary(parts, source, num_proc, quiet)
+        tok = settings.given_tokenizer()
+        if tok is None:  # a char vocabulary: the character set of every document, scanned in parallel over the parts
+            chars: set[str] = set()
+            with tqdm(desc="scan documents", unit="doc", unit_scale=True, disable=quiet) as bar:
+                run_parts(scan_part, parts, range(len(parts)), {"source": source}, num_proc,
+                          lambda docs, _: bar.update(docs), lambda _, found: chars.update(found))
+            tok = CharTokenizer("".join(chars))
         write_json_atomic(work / PLAN, {**plan, "tokenizer": tok.to_json()})
     dtype = bin_dtype(tok.vocab_size)
 
@@ -338,15 +343,6 @@ def encode_documents_sharded(corpus: Corpus, rows: Any, cache_dir: Path, fp: str
         bar.close()
     counts, shards = _totals(corpus, records, len(parts), val_fraction)
     return ShardedResult(tok, counts, shards, len(parts), peak_rss[0])
-
-
-def _char_vocabulary(parts: list[Any], source: PartSource, num_proc: int, quiet: bool) -> CharTokenizer:
-    """The character set of every document (pass 1, in parallel over the parts)."""
-    chars: set[str] = set()
-    with tqdm(desc="scan documents", unit="doc", unit_scale=True, disable=quiet) as bar:
-        run_parts(scan_part, parts, range(len(parts)), {"source": source}, num_proc,
-                  lambda docs, _: bar.update(docs), lambda _, found: chars.update(found))
-    return CharTokenizer("".join(chars))
 
 
 def _totals(corpus: Corpus, records: dict[int, dict[str, Any]], n_parts: int, val_fraction: float

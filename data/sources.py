@@ -235,7 +235,8 @@ def load_rows(corpus: Corpus, cache_dir: Path, num_proc: int = 1) -> Any:
         rows = datasets.load_dataset(**kwargs)
         if isinstance(rows, (datasets.DatasetDict, datasets.IterableDatasetDict)):
             raise UserError(f"{corpus.description} gave several splits ({', '.join(rows)}): set data.split to one")
-        columns = _column_names(rows)
+        columns = rows.column_names  # None: a stream whose features are unknown until its first row is read
+        columns = list(columns) if columns is not None else list(next(iter(rows), None) or [])
     column = corpus.text_column
     if column not in columns:
         raise UserError(f"{corpus.description} has no column '{column}' (columns: {', '.join(columns) or 'none'}): "
@@ -250,10 +251,3 @@ def load_rows(corpus: Corpus, cache_dir: Path, num_proc: int = 1) -> Any:
     if corpus.max_docs is not None:
         rows = rows.take(corpus.max_docs) if corpus.streaming else rows.select(range(min(corpus.max_docs, len(rows))))
     return rows
-
-
-def _column_names(rows: Any) -> list[str]:
-    if rows.column_names is not None:
-        return list(rows.column_names)
-    first = next(iter(rows), None)  # a stream whose features are unknown until read
-    return list(first) if first is not None else []

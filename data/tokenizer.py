@@ -107,12 +107,10 @@ class CharTokenizer:
         return ids
 
     def decode(self, ids: list[int]) -> str:
-        n = len(self.chars)
-        return "".join(self.chars[i] if 0 <= i < n else REPLACEMENT_CHAR for i in map(int, ids))
+        return "".join(self.chars[i] if 0 <= i < self.vocab_size else REPLACEMENT_CHAR for i in map(int, ids))
 
     def token_strings(self, ids: list[int]) -> list[str]:
-        n = len(self.chars)
-        return [self.chars[i] if 0 <= i < n else f"<{i}>" for i in map(int, ids)]
+        return [self.chars[i] if 0 <= i < self.vocab_size else f"<{i}>" for i in map(int, ids)]
 
     def prompt_ids(self, text: str) -> list[int]:
         """`encode(text)`, but never empty: an empty prompt starts from a newline (else id 0)."""
@@ -291,11 +289,8 @@ class HFTokenizer:
         return _decode_runs(ids, self.vocab_size, self._tk.decode)
 
     def token_strings(self, ids: list[int]) -> list[str]:
-        labels = []
-        for i in map(int, ids):
-            piece = self._tk.id_to_token(i) if 0 <= i < self.vocab_size else None
-            labels.append(f"<{i}>" if piece is None else self._piece_text(piece))
-        return labels
+        pieces = [(i, self._tk.id_to_token(i) if 0 <= i < self.vocab_size else None) for i in map(int, ids)]
+        return [f"<{i}>" if piece is None else self._piece_text(piece) for i, piece in pieces]
 
     def _piece_text(self, piece: str) -> str:
         """A vocabulary entry as the text it stands for: byte-level 'Ġit' -> ' it', metaspace '▁it' -> ' it',
