@@ -23,16 +23,14 @@ from common.errors import UserError
 from common.paths import check_outside_runs, is_own_folder
 from common.writes import fsync_dir, owning, write_file
 from model.gpt import GPT
+from pretrained.checkpoint import weights_to_save
 from pretrained.hf.config_map import hf_architecture, hf_config_from_model
 from pretrained.hf.load import weights_module
 
 
 def hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
     """The model's weights under HF names (tensors may share memory with the model's)."""
-    state = dict(model.state_dict())
-    if model.config.tie_embeddings:
-        state.pop("lm_head.weight")
-    return weights_module(hf_architecture(model.config)).to_hf(state, model.config)
+    return weights_module(hf_architecture(model.config)).to_hf(weights_to_save(model), model.config)
 
 
 def hf_files(model: GPT, bos_id: int | None, eos_id: int | None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

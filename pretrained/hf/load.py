@@ -14,6 +14,7 @@ import torch
 from common.errors import UserError
 from model.config import ModelConfig
 from model.gpt import GPT
+from pretrained.checkpoint import weights_to_save
 from pretrained.hf import gpt2_weights, llama_weights
 from pretrained.hf.config_map import hf_model_type, model_config_from_hf
 from pretrained.hf.source import CONFIG, read_hf_config, read_tensors, tensor_infos, weight_files
@@ -34,19 +35,10 @@ def read_hf_model_config(folder: Path) -> tuple[dict[str, Any], ModelConfig]:
     return hf_config, config
 
 
-def attngpt_shapes(config: ModelConfig) -> dict[str, torch.Tensor]:
-    """GPT(config)'s saved tensors as meta tensors (shapes only, no memory): names as in its checkpoints."""
-    with torch.device("meta"):
-        model = GPT(config)
-    state = dict(model.state_dict())
-    if config.tie_embeddings:
-        state.pop("lm_head.weight")
-    return state
-
-
 def expected_hf_shapes(config: ModelConfig, kind: str) -> dict[str, tuple[int, ...]]:
-    """HF name -> shape of every tensor the HF model equal to `config` stores."""
-    hf = weights_module(kind).to_hf(attngpt_shapes(config), config)
+    """HF name -> shape of every tensor the HF model equal to `config` stores (from meta tensors: no memory)."""
+    with torch.device("meta"):
+        hf = weights_module(kind).to_hf(weights_to_save(GPT(config)), config)
     return {name: tuple(t.shape) for name, t in hf.items()}
 
 
