@@ -99,13 +99,10 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     one clear line."""
     p = Path(expand_path(str(path), "the config file's path"))
     found = path_kind(p)  # a regular file, or a stream (<(cat ...), /dev/stdin) read up to the limit below
-    if found.kind == "directory":
-        raise UserError(f"config file '{path}' is a directory: pass the path to a YAML file in it, e.g. "
-                        f"configs/small.yaml")
-    if found.kind == "missing":
-        raise UserError(f"config file '{path}' not found: pass the path to a YAML file, e.g. configs/small.yaml")
     if found.kind not in ("file", "stream"):
-        raise UserError(f"config file '{path}' {found.says}: pass the path to a YAML file, e.g. configs/small.yaml")
+        says = "not found" if found.kind == "missing" else found.says
+        in_it = " in it" if found.kind == "directory" else ""
+        raise UserError(f"config file '{path}' {says}: pass the path to a YAML file{in_it}, e.g. configs/small.yaml")
     try:
         with open(p, "rb") as f:
             data = f.read(MAX_CONFIG_BYTES + 1)
@@ -121,10 +118,8 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     except RecursionError:
         raise UserError(f"config file '{path}' nests lists or mappings too deeply to read") from None
     except yaml.YAMLError as e:
-        where = ""
         mark = getattr(e, "problem_mark", None)
-        if mark is not None:
-            where = f" at line {mark.line + 1}, column {mark.column + 1}"
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise UserError(f"config file '{path}' is not valid YAML{where}: {problem}") from None
     except UnicodeDecodeError:
@@ -166,8 +161,7 @@ def from_dict(cls: type, raw: Any, where: str = "") -> Any:
     `where` is the dotted prefix used in messages ('train.'), so errors name the full key.
     A `ValueError` from the dataclass's own `__post_init__` becomes a `UserError` too.
     """
-    if raw is None:
-        raw = {}
+    raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         raise UserError(f"'{where.rstrip('.') or 'config'}' must be a mapping of keys, got {_show(raw)}")
     hints = typing.get_type_hints(cls)
@@ -203,14 +197,11 @@ def coerce(annotation: Any, value: Any, key: str) -> Any:
         options = typing.get_args(annotation)
         if value is None and type(None) in options:
             return None
-        errors = []
-        for option in options:
-            if option is type(None):
-                continue
+        for option in (o for o in options if o is not type(None)):
             try:
                 return coerce(option, value, key)
-            except UserError as e:
-                errors.append(str(e))
+            except UserError:
+                pass
         raise UserError(f"'{key}' got {_show(value)}; expected {_type_name(annotation)}")
     if origin is typing.Literal:
         choices = typing.get_args(annotation)
@@ -316,15 +307,12 @@ def parse_override(text: str, schema: type | None = None) -> tuple[list[str], An
     if annotation is None:  # not a key of the schema: from_dict names it (and the closest valid one)
         return path, raw
     accepted = _accepted_kinds(annotation)
-    if "str" in accepted:
-        if "list" in accepted and raw.lstrip().startswith("["):
-            value = _yaml_value(key, raw)
-            return path, value if isinstance(value, list) else raw
-        if "bool" in accepted:
-            value = _yaml_value(key, raw)
-            return path, value if isinstance(value, bool) else raw
-        return path, raw
-    return path, _yaml_value(key, raw)
+    if "str" not in accepted:
+        return path, _yaml_value(key, raw)
+    # text, unless it spells in YAML the other type the key takes: a list ([...]) or true/false
+    other = list if "list" in accepted and raw.lstrip().startswith("[") else bool if "bool" in accepted else None
+    value = _yaml_value(key, raw) if other else raw
+    return path, value if other and isinstance(value, other) else raw
 
 
 def annotation_at(schema: type, path: list[str]) -> Any:

@@ -43,32 +43,21 @@ Content = Union[bytes, str, Callable[[BinaryIO], None]]
 _owned: list[Path] = []  # the folders this process writes, innermost last (`owning`)
 
 
-def _owned_by_us(folder: Path) -> bool:
-    return any(folder == root or root in folder.parents for root in _owned)
-
-
 def _check_folder(folder: Path, refused: Callable[[Path, str], str]) -> None:
     """Rule 1 (module doc) for something written into `folder`: the nearest run or model folder holding it,
     if any, is one this process writes. `refused(that folder, why it is one)` says what is refused."""
     found = enclosing_run(folder)
-    if found is not None and not _owned_by_us(found[0]):
+    if found is not None and not any(found[0] == root or root in found[0].parents for root in _owned):
         raise UserError(refused(*found))
-
-
-def _check_root(root: str | Path, what: str = "the folder") -> None:
-    """Refuse (UserError) a folder to write that lies inside a run or model folder this process does not
-    write (module doc: `owning`)."""
-    root = Path(root).expanduser().resolve()
-    _check_folder(root.parent, lambda folder, reason: (
-        f"{what} '{root}' lies inside the run or model folder '{folder}' ({reason}), whose saves replace what "
-        f"it holds: choose a folder outside it"))
 
 
 @contextmanager
 def owning(root: str | Path, what: str = "the folder") -> Iterator[Path]:
     """The block writes `root` (module doc); yields it resolved."""
-    _check_root(root, what)
     resolved = Path(root).expanduser().resolve()
+    _check_folder(resolved.parent, lambda folder, reason: (
+        f"{what} '{resolved}' lies inside the run or model folder '{folder}' ({reason}), whose saves replace what "
+        f"it holds: choose a folder outside it"))
     _owned.append(resolved)
     try:
         yield resolved
