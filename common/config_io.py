@@ -156,11 +156,9 @@ def check_shape(value: Any, what: str) -> None:
 
 
 def from_dict(cls: type, raw: Any, where: str = "") -> Any:
-    """Build dataclass `cls` from a mapping, checking keys and value types recursively.
-
-    `where` is the dotted prefix used in messages ('train.'), so errors name the full key.
-    A `ValueError` from the dataclass's own `__post_init__` becomes a `UserError` too.
-    """
+    """Build dataclass `cls` from a mapping, checking keys and value types recursively; `where` is the dotted
+    prefix that messages put before a key ('train.'). A ValueError from the dataclass's __post_init__ becomes a
+    UserError too."""
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         raise UserError(f"'{where.rstrip('.') or 'config'}' must be a mapping of keys, got {_show(raw)}")

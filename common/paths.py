@@ -44,8 +44,7 @@ MODEL_FILES = ("model.safetensors", "model.safetensors.index.json", "train_state
 
 
 def expand_path(text: str, setting: str) -> str:
-    """`text` with a leading `~` or `~user` expanded (os.path.expanduser); `setting` names where it came from,
-    for the message that refuses a NUL character."""
+    """`text` with a leading `~` or `~user` expanded (module doc); `setting` names where it came from."""
     if "\x00" in text:
         raise UserError(f"{setting} holds a NUL character ({text[:60]!r}), which no path can hold: give a real path")
     try:  # bytes that are not UTF-8 arrive from the command line as lone surrogates (surrogateescape)

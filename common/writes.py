@@ -91,8 +91,7 @@ def fsync_dir(folder: str | Path) -> None:
 
 
 def write_file(path: str | Path, content: Content) -> Path:
-    """Write `content` to `path` whole, through a temporary file, fsync and rename (module doc); returns the
-    target's absolute path."""
+    """Write `content` to `path` whole (module doc); returns the target's absolute path."""
     with writing(path) as f:
         if callable(content):
             content(f)

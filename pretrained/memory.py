@@ -13,6 +13,7 @@ import os
 import torch
 
 from common.errors import UserError
+from common.json_file import human_size
 from model.config import ModelConfig
 
 BYTES_FP32 = 4
@@ -105,11 +106,7 @@ def device_memory(device: torch.device | str) -> int:
 
 
 def human_bytes(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB", "TB", "PB", "EB"):
-        if n < 1000 or unit == "EB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1000
-    raise AssertionError("unreachable")
+    return human_size(n, ("B", "kB", "MB", "GB", "TB", "PB", "EB"))
 
 
 def check_fits_in_memory(config: ModelConfig, device: torch.device | str = "cpu",

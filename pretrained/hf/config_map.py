@@ -77,13 +77,11 @@ def _from_gpt2(hf: dict[str, Any], where: str) -> ModelConfig:
 
 def _rope(hf: dict[str, Any], where: str) -> float:
     """rope_theta, from the classic keys or transformers 5's rope_parameters; scaling of any kind is refused."""
-    params = hf.get("rope_parameters")
-    scaling = hf.get("rope_scaling")
+    params, scaling = hf.get("rope_parameters"), hf.get("rope_scaling")
     if isinstance(params, dict) and params.get("rope_type", "default") not in ("default", None):
-        _refuse(where, f"rope_parameters with rope_type {params.get('rope_type')!r}",
-                " (attngpt's RoPE is unscaled)")
-    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None):
-        kind = scaling.get("rope_type", scaling.get("type"))
+        _refuse(where, f"rope_parameters with rope_type {params['rope_type']!r}", " (attngpt's RoPE is unscaled)")
+    kind = scaling.get("rope_type", scaling.get("type", "default")) if isinstance(scaling, dict) else None
+    if kind not in ("default", None):
         _refuse(where, f"rope_scaling {kind!r}", " (attngpt's RoPE is unscaled)")
     if isinstance(params, dict) and params.get("rope_theta") is not None:
         return float(params["rope_theta"])

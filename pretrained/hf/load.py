@@ -58,9 +58,8 @@ def check_hf_weights(folder: Path, hf_config: dict[str, Any], config: ModelConfi
     kind = hf_model_type(hf_config, str(folder / CONFIG))
     module = weights_module(kind)
     files = weight_files(folder)
-    infos = {module.normalize_name(name): (name, info)
-             for name, (info, _) in tensor_infos(files).items() if not module.is_buffer(name)}
-    stored = {theirs: (name, info.shape) for theirs, (name, info) in infos.items()}
+    stored = {module.normalize_name(name): (name, info)  # HF name -> (name in the file, dtype and shape)
+              for name, (info, _) in tensor_infos(files).items() if not module.is_buffer(name)}
     layers = layer_count(stored, module.LAYER_NAME)
     if layers != config.n_layer:
         raise UserError(f"'{folder / CONFIG}' contradicts the weights beside it ({config.n_layer} layers in the "
@@ -69,7 +68,8 @@ def check_hf_weights(folder: Path, hf_config: dict[str, Any], config: ModelConfi
     spare_head = config.tie_embeddings and "lm_head.weight" in stored  # some tied checkpoints store it anyway
     missing = sorted(set(expected) - set(stored))
     unexpected = sorted(set(stored) - set(expected) - ({"lm_head.weight"} if spare_head else set()))
-    wrong = [f"{n} {stored[n][1]} vs {expected[n]}" for n in expected if n in stored and stored[n][1] != expected[n]]
+    wrong = [f"{n} {stored[n][1].shape} vs {expected[n]}"
+             for n in expected if n in stored and stored[n][1].shape != expected[n]]
     if missing or unexpected or wrong:
         details = "; ".join(filter(None, [
             f"missing {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}" if missing else "",
@@ -78,7 +78,7 @@ def check_hf_weights(folder: Path, hf_config: dict[str, Any], config: ModelConfi
         raise UserError(f"'{folder / CONFIG}' contradicts the weights beside it ({details}): the folder is "
                         f"damaged or mixes two models")
     read = [*expected, *(["lm_head.weight"] if spare_head else [])]
-    not_float = [f"{n} ({infos[n][1].dtype})" for n in read if infos[n][1].dtype not in FLOAT_DTYPES]
+    not_float = [f"{n} ({stored[n][1].dtype})" for n in read if stored[n][1].dtype not in FLOAT_DTYPES]
     if not_float:
         raise UserError(f"the weights beside '{folder / CONFIG}' store {', '.join(not_float[:3])}"
                         f"{' ...' if len(not_float) > 3 else ''}, not floating-point weights: the folder is damaged")
