@@ -149,10 +149,8 @@ def check_shape(value: Any, what: str) -> None:
                             f"its own anchor, like &a [*a]?): no setting needs that")
         if count > MAX_VALUES:
             raise UserError(f"{what} holds more than {MAX_VALUES:,} values once its YAML aliases are expanded")
-        if isinstance(node, dict):
-            stack.extend((child, depth + 1) for child in node.values())
-        elif isinstance(node, list):
-            stack.extend((child, depth + 1) for child in node)
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        stack.extend((child, depth + 1) for child in children)
 
 
 def from_dict(cls: type, raw: Any, where: str = "") -> Any:
@@ -245,10 +243,8 @@ def coerce(annotation: Any, value: Any, key: str) -> Any:
             raise UserError(f"'{key}' got {_show(value)}; expected a finite number")
         return number
     if annotation is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)  # a number where text is expected (`name: 2024`) is its text
         raise UserError(f"'{key}' got {_show(value)}; expected a string")
     raise TypeError(f"config_io cannot check annotation {annotation!r} of '{key}'")  # a bug, not user input
 

@@ -113,5 +113,4 @@ def parse_json(data: str | bytes, what: str, path: str | Path) -> Any:
 
 
 def read_json(path: str | Path, limit: int, what: str) -> Any:
-    """read_bounded + parse_json."""
     return parse_json(read_bounded(path, limit, what), what, path)

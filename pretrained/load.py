@@ -102,8 +102,7 @@ def open_pretrained(src: str | Path, what: str = "--ckpt", hub: bool = True, rem
     remedy = remedy or f"pass {what} an intact checkpoint (a run's out_dir, or its best/ or latest/)"
     path = Path(text).expanduser()
     if path.exists() or not hub:
-        kind = classify(path)
-        if kind == "hf":
+        if classify(path) == "hf":
             return _open_hf(path, text, remedy)
         try:
             folder = find_checkpoint(path)

@@ -47,8 +47,7 @@ def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out = {}
     for name, t in tensors.items():
         t = t.detach().to("cpu").contiguous()
-        ptr = t.untyped_storage().data_ptr()
-        if ptr in seen:
+        if t.untyped_storage().data_ptr() in seen:
             t = t.clone()
         seen.add(t.untyped_storage().data_ptr())
         out[name] = t
@@ -59,9 +58,7 @@ CONVERT_MARK = ".attngpt-convert.json"  # in every folder write_model_folder wri
 
 
 def check_out_dir(out_dir: Path, force: bool, sources: tuple[Path, ...] = ()) -> None:
-    """Refuse a target that would lose data or write where a reader must not (module doc): a file; a source of
-    the conversion, a folder inside one or holding one; a path inside a run, checkpoint or model folder; a
-    non-empty folder, unless force and it is one written here before."""
+    """Refuse (UserError) an OUT_DIR that would lose data or write where a reader must not (module doc)."""
     out_dir = Path(out_dir).expanduser()
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"OUT_DIR '{out_dir}' is a file: give a new folder")

@@ -112,9 +112,7 @@ def read_tensors(files: list[Path], names: set[str], dtype: torch.dtype | None) 
     """The tensors `names` (a subset of the files' names), cast to dtype, each checked finite."""
     for path in files:
         with open_safetensors(path) as f:
-            for name in f.keys():
-                if name not in names:
-                    continue
+            for name in (n for n in f.keys() if n in names):
                 try:
                     tensor = f.get_tensor(name)
                 except Exception as e:
