@@ -10,14 +10,10 @@
 Loading reads only safetensors and JSON: nothing from the checkpoint is unpickled or executed, and nothing
 in the run's folder is written, renamed or deleted (a training run may be saving into it meanwhile: the
 checkpoint is read again if a save swapped it away mid-read). Attention dumps go to --dump-dir, by default
-./attn_dump, never into a run or a model folder (common/paths.py: one holding .train.lock, a run's config.yaml
-beside its checkpoints, or a checkpoint's or model's weights; refused in one line, before the model is built).
-The memory that generating the --num-samples at once needs is checked before any of it is allocated, with the
-KV cache or without (pretrained/memory.py: generation_bytes). A --prompt-file is read up to PROMPT_FILE_LIMIT
-bytes (1 MB; the model sees at most block_size tokens of it anyway). `~` in a path flag is the home folder.
-Decisions: an empty prompt starts from a newline (char) or <|endoftext|> (BPE); characters that a
-char-level vocabulary lacks are refused, naming them; a prompt longer than block_size keeps its last
-block_size tokens, with a warning; a prompt may start with a dash (`--prompt "- item"`).
+./attn_dump, never into a run or a model folder (common/paths.py says what marks one): refused in one line
+before the model is built, as is a --num-samples whose generation cannot fit in memory (pretrained/memory.py:
+generation_bytes). `~` in a path flag is the home folder. What odd prompts do: docs/sampling.md (and a prompt
+may start with a dash: `--prompt "- item"`).
 """
 from __future__ import annotations
 

@@ -4,17 +4,12 @@ Every value is checked against the dataclass field's annotation; an unknown key 
 closest valid key; a wrong type says which key, what it got and what it wants. All of it raises
 `UserError`, so a command line prints one line and exits 2.
 
-Dotted overrides (`key=value` on a command line): what an override's text means (`parse_override`),
-by the type of its key:
-- YAML's spellings of nothing -- an empty value, `null`, `Null`, `NULL`, `~` -- are null, for every key (an
-  optional string such as `attn.probe_text=null` is then None; a required one is refused as null);
-- any other value of a key that takes a string (`str`, a choice of strings) is the literal text, as the shell
-  passed it: `out_dir=runs/exp #2` is out_dir "runs/exp #2", quotes and spaces included. Except where the key
-  also takes another type the text spells in YAML: a list (`data.path=[a.txt, b.txt]`, text starting with `[`),
-  or true/false (`train.compile=true`);
-- a key of another type (numbers, booleans, lists, null, sections) is read as YAML, which is refused, naming the
-  key, when YAML would drop or change part of the text: a comment (`#...`) or a line break inside a value
-  (which YAML folds into a space);
+What an override's text means, by the type of its key (`parse_override`; docs/bad_inputs.md has examples):
+- YAML's spellings of nothing (NULL_TEXTS: empty, null, Null, NULL, ~) are null for every key (a required one refuses it);
+- a key that takes a string (`str`, a choice of strings) gets the literal text, as the shell passed it
+  (`out_dir=runs/exp #2`), unless the text spells another type the key takes: a list (`[...]`) or true/false;
+- a key of another type reads the text as YAML, refused, naming the key, when YAML would drop or change part
+  of it: a comment (`#...`) or a line break inside a value (which YAML folds into a space);
 - a key the schema does not know keeps its literal text: it is refused by name when the config is built.
 
 Fields marked as paths (`field(metadata=PATH)`) have `~` expanded when the config is built, wherever the value

@@ -2,9 +2,8 @@
 
 A config is only numbers: `vocab_size: 10**12` in a checkpoint's config.json, or an override with one digit
 too many, would make `GPT(config)` try to allocate terabytes, and die in an allocator (or thrash the machine)
-instead of saying what is wrong. Every loader calls `check_fits_in_memory` first: sample.py, a training run
-(for its weights, gradients and optimizer state), a resume, and the converters; sample.py checks what generating
-its samples allocates (`generation_bytes`, with or without the KV cache) before it allocates any of it.
+instead of saying what is wrong. Every loader calls `check_fits_in_memory` first (a training run for its
+gradients and optimizer state too); sample.py also checks what generating its samples allocates (`generation_bytes`).
 """
 from __future__ import annotations
 

@@ -3,9 +3,8 @@ downloaded once into the Hugging Face cache through huggingface_hub; and reading
 safetensors weights (one file, or shards listed in model.safetensors.index.json).
 
 Reading never writes into the folder, and never unpickles: a folder with only pytorch_model.bin is refused.
-Everything is checked at the boundary: JSON files bounded in size before they are read (config.json as
-attngpt's own, MAX_CONFIG_BYTES; the shard index MAX_INDEX_BYTES) and parsed strictly (common/json_file.py);
-weights files complete (safetensors checks every tensor's offsets against the file size when it opens one),
+Everything is checked at the boundary: JSON files bounded in size before they are read (MAX_CONFIG_BYTES,
+MAX_INDEX_BYTES) and parsed strictly (common/json_file.py); weights files complete (pretrained/safetensors_file.py),
 their headers read before any tensor (names, shapes, dtypes), and every tensor finite.
 """
 from __future__ import annotations
