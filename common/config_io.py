@@ -5,7 +5,7 @@ closest valid key; a wrong type says which key, what it got and what it wants. A
 `UserError`, so a command line prints one line and exits 2.
 
 What an override's text means, by the type of its key (`parse_override`; docs/bad_inputs.md has examples):
-- YAML's spellings of nothing (NULL_TEXTS: empty, null, Null, NULL, ~) are null for every key (a required one refuses it);
+- YAML's spellings of nothing (NULL_TEXTS: empty, null, Null, NULL, ~) are null for every key (refused where required);
 - a key that takes a string (`str`, a choice of strings) gets the literal text, as the shell passed it
   (`out_dir=runs/exp #2`), unless the text spells another type the key takes: a list (`[...]`) or true/false;
 - a key of another type reads the text as YAML, refused, naming the key, when YAML would drop or change part
