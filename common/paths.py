@@ -57,8 +57,7 @@ def expand_path(text: str, setting: str) -> str:
 
 def path_argument(setting: str) -> Callable[[str], Path]:
     """An argparse `type=` for a path flag: expand_path's Path, its refusal as argparse's one-line error."""
-    parse_text = path_text_argument(setting)
-    return lambda text: Path(parse_text(text))
+    return lambda text: Path(path_text_argument(setting)(text))
 
 
 def path_text_argument(setting: str) -> Callable[[str], str]:

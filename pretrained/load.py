@@ -82,16 +82,13 @@ class Pretrained:
             load_state(model, crop_block_size(state, model.config.block_size))
 
 
-def classify(path: Path) -> str | None:
-    """'attngpt' or 'hf' for a local folder holding a model, None when it holds neither."""
+def is_hf_folder(path: Path) -> bool:
+    """A local folder holding a Hugging Face model's config.json (else, if anything, an attngpt checkpoint)."""
     config = path / CONFIG_FILE
-    if config.is_file():
-        try:  # bounded: a 1 TB config.json is refused from its size, by read_config below
-            payload = read_json(config, MAX_CONFIG_BYTES, CONFIG_FILE)
-        except UserError:
-            return "attngpt"  # read_config then says what is wrong with it
-        return "hf" if is_hf_config(payload) else "attngpt"
-    return None
+    try:  # bounded: a 1 TB config.json is refused from its size
+        return config.is_file() and is_hf_config(read_json(config, MAX_CONFIG_BYTES, CONFIG_FILE))
+    except UserError:
+        return False  # read_config then says what is wrong with it
 
 
 def open_pretrained(src: str | Path, what: str = "--ckpt", hub: bool = True, remedy: str | None = None) -> Pretrained:
@@ -102,7 +99,7 @@ def open_pretrained(src: str | Path, what: str = "--ckpt", hub: bool = True, rem
     remedy = remedy or f"pass {what} an intact checkpoint (a run's out_dir, or its best/ or latest/)"
     path = Path(text).expanduser()
     if path.exists() or not hub:
-        if classify(path) == "hf":
+        if is_hf_folder(path):
             return _open_hf(path, text, remedy)
         try:
             folder = find_checkpoint(path)

@@ -92,14 +92,11 @@ def read_hf_state(folder: Path, hf_config: dict[str, Any], config: ModelConfig,
     the stored one."""
     plan = check_hf_weights(folder, hf_config, config)
     hf_state = {plan.wanted[name]: t for name, t in read_tensors(plan.files, set(plan.wanted), dtype)}
-    if plan.spare_head and not torch.equal(hf_state.pop("lm_head.weight"), hf_state[_embedding_name(plan.kind)]):
+    embedding = "transformer.wte.weight" if plan.kind == "gpt2" else "model.embed_tokens.weight"
+    if plan.spare_head and not torch.equal(hf_state.pop("lm_head.weight"), hf_state[embedding]):
         raise UserError(f"'{folder / CONFIG}' says tie_word_embeddings=true, but the stored lm_head.weight differs "
                         f"from the token embedding: the config contradicts the weights")
     return weights_module(plan.kind).from_hf(hf_state, config)
-
-
-def _embedding_name(kind: str) -> str:
-    return "transformer.wte.weight" if kind == "gpt2" else "model.embed_tokens.weight"
 
 
 def build_model(config: ModelConfig, state: dict[str, torch.Tensor], device: torch.device | str = "cpu") -> GPT:
