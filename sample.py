@@ -86,21 +86,15 @@ def attach_dash_prompt(argv: list[str], parser: argparse.ArgumentParser) -> list
     is missing and argparse says so."""
     options = [s for action in parser._actions for s in action.option_strings]
     out: list[str] = []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
+    for i, arg in enumerate(argv):
         if arg == "--":  # everything after is positional: leave it as written
-            out.extend(argv[i:])
-            break
-        if arg == "--prompt" and i + 1 < len(argv) and argv[i + 1].startswith("-"):
-            value = argv[i + 1]
-            name = value.split("=", 1)[0]
-            if not (len(name) > 1 and any(o.startswith(name) for o in options)):
-                out.append(f"--prompt={value}")
-                i += 2
-                continue
-        out.append(arg)
-        i += 1
+            return out + argv[i:]
+        name = arg.split("=", 1)[0]
+        option = len(name) > 1 and any(o.startswith(name) for o in options)
+        if out and out[-1] == "--prompt" and arg.startswith("-") and not option:
+            out[-1] = f"--prompt={arg}"
+        else:
+            out.append(arg)
     return out
 
 
@@ -153,9 +147,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: the prompt has {len(ids)} tokens; the model sees at most block_size={cfg.block_size}, "
               f"so only its last {cfg.block_size} are used", file=sys.stderr)
         ids = ids[-cfg.block_size:]
-    dump_dir = None
-    if args.dump_attn is not None:  # a dump never goes into a run or model folder (a reader never writes there)
-        dump_dir = args.dump_dir or source.default_dump_dir()
+    dump_dir = (args.dump_dir or source.default_dump_dir()) if args.dump_attn is not None else None
+    if dump_dir is not None:  # a dump never goes into a run or model folder (a reader never writes there)
         check_outside_runs(dump_dir, "--dump-dir", "pass --dump-dir a folder outside it (the default is ./attn_dump)")
     model = source.build(device=device, dtype=dtype)  # refuses a model that cannot fit before building it
     cfg = model.config

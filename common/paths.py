@@ -74,13 +74,9 @@ def _marks(folder: Path, model_files: bool = True) -> str | None:
     """Why `folder` is a run or model folder, or None; model_files=False: a run's marks only."""
     if (folder / RUN_LOCK).exists():
         return f"it holds {RUN_LOCK}, a training run's lock"
-    weights = MODEL_FILES[0]
-    if (folder / RUN_CONFIG).is_file() and any((folder / name / weights).is_file() for name in CHECKPOINT_NAMES):
+    if (folder / RUN_CONFIG).is_file() and any((folder / name / MODEL_FILES[0]).is_file() for name in CHECKPOINT_NAMES):
         return f"it holds a run's {RUN_CONFIG} beside its checkpoints"
-    for name in MODEL_FILES if model_files else ():
-        if (folder / name).exists():
-            return f"it holds {name}"
-    return None
+    return next((f"it holds {name}" for name in MODEL_FILES if model_files and (folder / name).exists()), None)
 
 
 def enclosing_run(path: str | Path, own_mark: str | None = None) -> tuple[Path, str] | None:

@@ -65,8 +65,7 @@ class Pretrained:
                 raise CheckpointError(f"{e}; {self.remedy}") from None
             return model if dtype is None else model.to(dtype)
         check_fits_in_memory(self.config, device, source=f"'{self.folder / CONFIG_FILE}'")
-        state = read_hf_state(self.folder, self.hf_config, self.config, dtype)
-        return build_model(self.config, state, device)
+        return build_model(self.config, read_hf_state(self.folder, self.hf_config, self.config, dtype), device)
 
     def load_into(self, model: GPT) -> None:
         """Copy the source's weights into `model`: of the source's shape (dropout/attn_impl may differ), or of a

@@ -82,8 +82,7 @@ def check_hf_weights(folder: Path, hf_config: dict[str, Any], config: ModelConfi
     if not_float:
         raise UserError(f"the weights beside '{folder / CONFIG}' store {', '.join(not_float[:3])}"
                         f"{' ...' if len(not_float) > 3 else ''}, not floating-point weights: the folder is damaged")
-    wanted = {stored[n][0]: n for n in read}
-    return WeightPlan(kind=kind, files=files, wanted=wanted, spare_head=spare_head)
+    return WeightPlan(kind=kind, files=files, wanted={stored[n][0]: n for n in read}, spare_head=spare_head)
 
 
 def read_hf_state(folder: Path, hf_config: dict[str, Any], config: ModelConfig,
