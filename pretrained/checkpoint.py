@@ -80,11 +80,10 @@ def find_checkpoint(path: str | Path) -> Path:
     path = Path(path)
     if (path / CONFIG_FILE).is_file():
         return path
-    if path.is_dir():
-        for name in (BEST, LATEST):
-            for candidate in (path / name, path / f".{name}.old", path / name):
-                if (candidate / CONFIG_FILE).is_file():
-                    return candidate
+    for name in (BEST, LATEST):
+        for candidate in (path / name, path / f".{name}.old", path / name):
+            if (candidate / CONFIG_FILE).is_file():  # False for a path that is no folder
+                return candidate
     raise CheckpointError(f"no checkpoint at '{path}': train one with `python train.py configs/small.yaml`, "
                           f"or pass --ckpt a run's out_dir or a checkpoint folder")
 

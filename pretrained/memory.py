@@ -81,11 +81,9 @@ def generation_bytes(config: ModelConfig, batch_size: int, prompt_length: int, m
     row sooner needs less without the cache)."""
     prompt_length = max(1, min(prompt_length, config.block_size))
     length = min(config.block_size, prompt_length + max(max_new_tokens, 1))
+    model_bytes = forward_bytes(config, batch_size, prompt_length if kv_cache else length, dtype_bytes)
     if kv_cache:
-        model_bytes = kv_cache_bytes(config, batch_size, dtype_bytes, length) + \
-            forward_bytes(config, batch_size, prompt_length, dtype_bytes)
-    else:
-        model_bytes = forward_bytes(config, batch_size, length, dtype_bytes)
+        model_bytes += kv_cache_bytes(config, batch_size, dtype_bytes, length)
     ids = 8 * batch_size * (length + prompt_length + max_new_tokens)
     logits = batch_size * config.vocab_size * dtype_bytes
     return model_bytes + ids + logits
