@@ -35,13 +35,6 @@ def read_hf_model_config(folder: Path) -> tuple[dict[str, Any], ModelConfig]:
     return hf_config, config
 
 
-def expected_hf_shapes(config: ModelConfig, kind: str) -> dict[str, tuple[int, ...]]:
-    """HF name -> shape of every tensor the HF model equal to `config` stores (from meta tensors: no memory)."""
-    with torch.device("meta"):
-        hf = weights_module(kind).to_hf(weights_to_save(GPT(config)), config)
-    return {name: tuple(t.shape) for name, t in hf.items()}
-
-
 @dataclass
 class WeightPlan:
     """What to read from a checked folder: files, stored name -> HF name, and whether a spare tied head is stored."""
@@ -64,7 +57,8 @@ def check_hf_weights(folder: Path, hf_config: dict[str, Any], config: ModelConfi
     if layers != config.n_layer:
         raise UserError(f"'{folder / CONFIG}' contradicts the weights beside it ({config.n_layer} layers in the "
                         f"config, {layers} in the weights): the folder is damaged or mixes two models")
-    expected = expected_hf_shapes(config, kind)
+    with torch.device("meta"):  # the HF name and shape of every tensor the HF model equal to `config` stores
+        expected = {n: tuple(t.shape) for n, t in module.to_hf(weights_to_save(GPT(config)), config).items()}
     spare_head = config.tie_embeddings and "lm_head.weight" in stored  # some tied checkpoints store it anyway
     missing = sorted(set(expected) - set(stored))
     unexpected = sorted(set(stored) - set(expected) - ({"lm_head.weight"} if spare_head else set()))
@@ -99,8 +93,7 @@ def read_hf_state(folder: Path, hf_config: dict[str, Any], config: ModelConfig,
 
 
 def build_model(config: ModelConfig, state: dict[str, torch.Tensor], device: torch.device | str = "cpu") -> GPT:
-    """GPT(config) holding exactly `state`'s tensors (no random init, no copy): built on the meta device,
-    then given the tensors."""
+    """GPT(config) holding exactly `state`'s tensors: built on the meta device (no random init), then given them."""
     with torch.device("meta"):
         model = GPT(config)
     load_state(model, state, assign=True)

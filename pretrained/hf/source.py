@@ -18,11 +18,9 @@ import torch
 from common.errors import UserError
 from common.json_file import read_json
 from common.schema import DictOf, Fields, Str, check
-from pretrained.checkpoint import MAX_CONFIG_BYTES
+from pretrained.checkpoint import CONFIG_FILE as CONFIG, MAX_CONFIG_BYTES, WEIGHTS_FILE as WEIGHTS
 from pretrained.safetensors_file import TensorInfo, open_safetensors, read_header
 
-CONFIG = "config.json"
-WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 # what a download fetches: config, weights (top level only) and tokenizer files, nothing else in the repo
 HUB_FILES = [CONFIG, "generation_config.json", WEIGHTS, INDEX, "model-*-of-*.safetensors", "tokenizer.json",
