@@ -90,8 +90,7 @@ def parse_yaml(text: str) -> Any:
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping; a missing, oversized or unreadable file, a syntax error or a duplicate key becomes
-    one clear line."""
+    """Read a YAML mapping; a missing, oversized or unreadable file, a syntax error or a duplicate key is one line."""
     p = Path(expand_path(str(path), "the config file's path"))
     found = path_kind(p)  # a regular file, or a stream (<(cat ...), /dev/stdin) read up to the limit below
     if found.kind not in ("file", "stream"):
@@ -305,8 +304,7 @@ def parse_override(text: str, schema: type | None = None) -> tuple[list[str], An
 
 
 def annotation_at(schema: type, path: list[str]) -> Any:
-    """The annotation of the dotted key `path` in dataclass `schema` (a section's dataclass for a section),
-    or None when the key is not one of it."""
+    """The annotation of the dotted key `path` in dataclass `schema` (a section's: its dataclass), or None if none."""
     node: Any = schema
     for part in path:
         if not dataclasses.is_dataclass(node):

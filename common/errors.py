@@ -65,8 +65,7 @@ def user_errors_exit(prog: str, also: tuple[type[BaseException], ...] = ()) -> I
         error = out_of_room(e) if isinstance(e, OSError) and not isinstance(e, also) else e
         if error is None:
             raise
-        message = " ".join(str(error).split("\n"))
-        print(f"{prog}: error: {message}", file=sys.stderr)
+        print(f"{prog}: error: " + str(error).replace("\n", " "), file=sys.stderr)  # one line, always
         sys.exit(EXIT_USAGE)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)

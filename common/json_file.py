@@ -51,8 +51,7 @@ def human_size(n: float, units: tuple[str, ...] = ("bytes", "kB", "MB", "GB", "T
 
 
 def read_bounded(path: str | Path, limit: int, what: str) -> bytes:
-    """The bytes of `path`, at most `limit` of them (module doc); `what` names the file in messages
-    ('config.json', 'tokenizer.json')."""
+    """The bytes of `path`, at most `limit` of them (module doc); `what` names the file in messages ('config.json')."""
     path = Path(path)
     try:
         size = os.stat(path).st_size

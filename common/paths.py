@@ -80,8 +80,7 @@ def _marks(folder: Path, model_files: bool = True) -> str | None:
 
 
 def enclosing_run(path: str | Path, own_mark: str | None = None) -> tuple[Path, str] | None:
-    """(the run or model folder `path` lies in, why it is one), or None: the module doc says what marks one.
-    own_mark: see check_outside_runs."""
+    """(the run or model folder `path` lies in, why it is one) or None (module doc); own_mark: check_outside_runs."""
     resolved = Path(path).expanduser().resolve()
     ours = own_mark is not None and is_own_folder(resolved, own_mark)
     for folder in (resolved, *resolved.parents):

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import errno
 import os
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, Union
 
@@ -66,8 +66,7 @@ def owning(root: str | Path, what: str = "the folder") -> Iterator[Path]:
 
 
 def _target(path: str | Path) -> Path:
-    """`path` made absolute (its folder resolved; the name itself not: it may be a link, to be replaced), after
-    rule 1 of the module doc."""
+    """`path` made absolute after rule 1 (module doc): its folder resolved, not its name (a link there is replaced)."""
     path = Path(path).expanduser()
     target = path.parent.resolve() / path.name
     _check_folder(target.parent, lambda folder, reason: (
@@ -83,9 +82,8 @@ def fsync_dir(folder: str | Path) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        with suppress(OSError):
+            os.fsync(fd)
     finally:
         os.close(fd)
 
@@ -126,8 +124,7 @@ def writing(path: str | Path) -> Iterator[BinaryIO]:
 
 
 def append_text(path: str | Path, text: str) -> None:
-    """Append the lines of `text` (a final newline added) to the log at `path`, ending a torn last line first
-    (module doc)."""
+    """Append the lines of `text` (a final newline added) to the log at `path`, a torn last line ended first."""
     target = _target(path)
     try:
         fd = os.open(target, os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)

@@ -60,8 +60,7 @@ def save_model(model: GPT, directory: str | Path, extra: dict[str, Any] | None =
 
 def write_model_files(directory: Path, weights: dict[str, torch.Tensor], config: dict[str, Any],
                       files: dict[str, bytes] | None = None) -> None:
-    """model.safetensors, config.json and `files` in `directory`, each through common/writes.py (whole,
-    fsynced, never through a link)."""
+    """model.safetensors, config.json and `files` in `directory`, each by common/writes.py (whole, never via a link)."""
     with owning(directory, "the model folder"):  # a model folder from its first file on: this process's
         write_file(directory / WEIGHTS_FILE, lambda f: save_file(weights, f.name, metadata={"format": "pt"}))
         write_file(directory / CONFIG_FILE, json.dumps(config, indent=2))
@@ -118,8 +117,7 @@ SWAP_RETRIES = 3  # a save swaps in well under a second; two saves in a row duri
 
 
 def _identity(folder: Path) -> tuple[int, int, int | None] | None:
-    """Which folder (device, inode) and which config.json (its inode; None if it has none) sit at `folder`
-    now; None if no folder is there."""
+    """(device, inode) of the folder now at `folder`, and its config.json's inode (None without one); None if none."""
     try:
         st = folder.stat()
     except OSError:
@@ -157,9 +155,8 @@ def read_config(directory: str | Path) -> dict[str, Any]:
 
 
 def load_model(directory: str | Path, device: torch.device | str = "cpu") -> tuple[GPT, dict[str, Any]]:
-    """Rebuild the GPT saved in `directory`. Returns (model in eval mode, the config.json payload).
-    Missing, truncated or corrupted files and weights of another shape raise CheckpointError, before the model
-    is built (read_weights)."""
+    """(the GPT saved in `directory`, in eval mode, its config.json payload); missing, truncated or corrupted files
+    and weights of another shape raise CheckpointError before the model is built (read_weights)."""
     directory = Path(directory)
     payload = read_config(directory)
     config = ModelConfig.from_dict(payload["model"])
@@ -171,11 +168,10 @@ def load_model(directory: str | Path, device: torch.device | str = "cpu") -> tup
 
 
 def read_weights(path: str | Path, config: ModelConfig) -> dict[str, torch.Tensor]:
-    """The safetensors weights at `path` of a GPT(config), not yet loaded into a model: a caller may crop them
-    first (pretrained.load.crop_block_size). The tied lm_head is not among them. Every name, shape and dtype is
-    checked from the header first, against a model built on the meta device (nothing allocated) once the layer
-    count agrees (a config of 10**5 layers beside 2 stored ones would build for minutes); every tensor read is
-    finite."""
+    """The safetensors weights at `path` of a GPT(config), but a tied lm_head, not yet in a model (a caller may crop
+    them: pretrained.load.crop_block_size). Each name, shape and dtype is checked from the header first, against a
+    model on the meta device once the layer count agrees (10**5 layers in a config beside 2 stored would build
+    for minutes); each tensor read is finite."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no weights file '{path}'")

@@ -56,8 +56,8 @@ class Pretrained:
         return DUMP_DIR / (name or "hf")
 
     def build(self, device: torch.device | str = "cpu", dtype: torch.dtype | None = torch.float32) -> GPT:
-        """The model with the source's weights, in eval mode; dtype None keeps the stored dtype. A model that
-        cannot fit in the device's memory is refused before anything is allocated."""
+        """The model with the source's weights, in eval mode (dtype None: as stored), refused before it is
+        allocated when it cannot fit in the device's memory."""
         if self.kind == "attngpt":
             try:  # looked up again from `path`: a run may have swapped its checkpoint meanwhile
                 self.folder, model, _ = load_checkpoint(self.path or self.folder, device=device)

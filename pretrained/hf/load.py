@@ -81,8 +81,7 @@ def check_hf_weights(folder: Path, hf_config: dict[str, Any], config: ModelConfi
 
 def read_hf_state(folder: Path, hf_config: dict[str, Any], config: ModelConfig,
                   dtype: torch.dtype | None = torch.float32) -> dict[str, torch.Tensor]:
-    """The folder's weights under attngpt's names (checked first, see check_hf_weights); dtype None keeps
-    the stored one."""
+    """The folder's weights under attngpt's names, checked first (check_hf_weights); dtype None keeps the stored one."""
     plan = check_hf_weights(folder, hf_config, config)
     hf_state = {plan.wanted[name]: t for name, t in read_tensors(plan.files, set(plan.wanted), dtype)}
     embedding = "transformer.wte.weight" if plan.kind == "gpt2" else "model.embed_tokens.weight"
