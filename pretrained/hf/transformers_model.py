@@ -23,8 +23,7 @@ def to_transformers(model: GPT, attn_implementation: str | None = None) -> Any:
         import transformers
     except ImportError:
         raise UserError(f"this needs the transformers package: {HF_EXTRA}") from None
-    hf_cfg = dict(hf_config_from_model(model.config))
-    hf_cfg.pop("architectures")
+    hf_cfg = {k: v for k, v in hf_config_from_model(model.config).items() if k != "architectures"}
     config = transformers.AutoConfig.for_model(hf_cfg.pop("model_type"), **hf_cfg)
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
     param = model.tok_emb.weight
