@@ -39,9 +39,10 @@ import dataclasses
 import json
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn as nn
@@ -50,7 +51,7 @@ from common.schema import is_number
 from common.writes import write_file
 from training.config import RunConfig, TrainConfig
 from training.optim import Optimizers
-from training.runtime import DTYPES, Runtime, synchronize
+from training.runtime import DTYPES, Runtime, seconds_of, synchronize
 from training.step import accumulate_gradients, apply_gradients
 from training.run_dir import could_not_write
 
@@ -221,12 +222,7 @@ def bf16_matmul_ratio(device: torch.device, size: int = 512, reps: int = 4, roun
     seconds = {dtype: math.inf for dtype in operands}
     for _ in range(rounds):
         for dtype, (a, b) in operands.items():
-            synchronize(device)
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                a @ b
-            synchronize(device)
-            seconds[dtype] = min(seconds[dtype], time.perf_counter() - t0)
+            seconds[dtype] = min(seconds[dtype], seconds_of(lambda: a @ b, device, reps, time.perf_counter))
     return seconds[torch.float32] / seconds[torch.bfloat16]
 
 
@@ -269,25 +265,23 @@ def _fused_model(model: nn.Module) -> bool:
     return getattr(config, "attn_impl", None) == "sdpa" and hasattr(model, "set_fused_attention_float32")
 
 
-class _Snapshot:
-    """Weights, optimizer state and RNG streams, put back exactly after the measurement."""
-
-    def __init__(self, model: nn.Module, optimizers: Optimizers, device: torch.device):
-        self.model, self.optimizers = model, optimizers
-        self.weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        self.optim_state = copy.deepcopy(optimizers.state_dict())
-        self.cpu_rng = torch.get_rng_state()
-        self.cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-        self.device = device
-
-    def restore(self) -> None:
+@contextmanager
+def _restored(model: nn.Module, optimizers: Optimizers, device: torch.device) -> Iterator[None]:
+    """Weights, optimizer state and RNG streams, put back exactly after the block (the measurement)."""
+    weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    optim_state = copy.deepcopy(optimizers.state_dict())
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    try:
+        yield
+    finally:
         with torch.no_grad():
-            self.model.load_state_dict(self.weights)
-        self.optimizers.load_state_dict(self.optim_state)
-        self.optimizers.zero_grad()
-        torch.set_rng_state(self.cpu_rng)
-        if self.cuda_rng is not None:
-            torch.cuda.set_rng_state(self.cuda_rng, self.device)
+            model.load_state_dict(weights)
+        optimizers.load_state_dict(optim_state)
+        optimizers.zero_grad()
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state(cuda_rng, device)
 
 
 class Timings(dict):
@@ -346,7 +340,6 @@ def choose(timed: tuple[nn.Module, Optimizers, tuple[torch.Tensor, torch.Tensor]
             notes.append(f"bfloat16 skipped: its matmuls run at {ratio:.2f}x float32 here")
     single = dataclasses.replace(rt, world_size=1, rank=0)  # measured alone, outside DDP
     x, y = batch
-    snapshot = _Snapshot(model, optimizers, device)
     comparisons: list[Comparison] = []
 
     def steps_with(runner: nn.Module, dtype: str) -> Callable[[], None]:
@@ -359,24 +352,20 @@ def choose(timed: tuple[nn.Module, Optimizers, tuple[torch.Tensor, torch.Tensor]
             apply_gradients(optimizers)
         return step
 
-    try:
+    with _restored(model, optimizers, device):
         eager = {dtype: steps_with(model, dtype) for dtype in dtypes}
-        first_step_s = 0.0
         for i, step in enumerate(eager.values()):
-            t0 = time.perf_counter()
-            step()  # warm-up: allocator, kernel selection, optimizer state
-            synchronize(device)
+            # a warm-up: allocator, kernel selection, optimizer state
+            step_s = seconds_of(step, device, clock=time.perf_counter)
             if i == 0:  # the pace the announcement estimates from (the other warm-ups follow it)
-                first_step_s = time.perf_counter() - t0
-                say(announcement(dtypes, dtype_setting, compile_setting, first_step_s))
+                say(announcement(dtypes, dtype_setting, compile_setting, step_s))
         attention = None
         lower = [d for d in dtypes if d != "float32"]
         if dtype_setting == "auto" and lower and _fused_model(model):
             # the kernel's precision first, so that the bfloat16 steps are timed with the faster kernel: timed
             # with the slower one, a CPU's bfloat16 steps once read 1.03x float32 and the run trained in float32
-            timed = fused_attention_timings(model, x.size(0), x.size(1), lower[0], device)
-            name = f"{lower[0]} attention"
-            attention = compare(timed, name, unit="ms/call")
+            kernel_ms = fused_attention_timings(model, x.size(0), x.size(1), lower[0], device)
+            attention = compare(kernel_ms, f"{lower[0]} attention", unit="ms/call")
             model.set_fused_attention_float32(attention.kept == FLOAT32_ATTENTION)  # before any compile
         ms = _time_rounds(eager, device)
         baseline = "float32" if dtype_setting == "auto" else dtypes[0]
@@ -393,26 +382,20 @@ def choose(timed: tuple[nn.Module, Optimizers, tuple[torch.Tensor, torch.Tensor]
                              f"{COMPILE_MIN_RUN_S:.0f} s")
             else:
                 say(f"auto: compiling the model to time it against eager {best} (the run has ~{eager_left_s:.0f} s "
-                    f"left at {ms[best]:.0f} ms/step, at least {COMPILE_MIN_RUN_S:.0f} s); a first compile takes {FIRST_COMPILE} on a CPU, a few "
-                    f"seconds when torch's compile cache holds the model")
+                    f"left at {ms[best]:.0f} ms/step, at least {COMPILE_MIN_RUN_S:.0f} s); a first compile takes "
+                    f"{FIRST_COMPILE} on a CPU, a few seconds when torch's compile cache holds the model")
                 try:
                     compiled = torch.compile(model)
                     step = steps_with(compiled, best)
-                    synchronize(device)
-                    t0 = time.perf_counter()
-                    step()  # compiles forward and backward
-                    step()  # a second call can recompile (e.g. after the optimizer's first step)
-                    synchronize(device)
-                    compile_seconds = time.perf_counter() - t0
+                    # twice: the first call compiles forward and backward, a second can recompile (e.g. after the
+                    # optimizer's first step)
+                    compile_seconds = seconds_of(step, device, 2, time.perf_counter)
                     # eager again, in turn with the compiled step: the two numbers compared share the minutes
                     pair = _time_rounds({best: eager[best], f"{best} compiled": step}, device)
                     comparisons.append(compare(pair, best))
                     use_compile = comparisons[-1].kept != best
                 except Exception as e:  # no C++ compiler, an unsupported op, ...: stay eager
                     notes.append(f"compile failed ({type(e).__name__}: {' '.join(str(e).split())[:100]})")
-                    compiled = None
-    finally:
-        snapshot.restore()
     choice = Choice(dtype=best, compile=use_compile, comparisons=comparisons,
                     compile_seconds=None if compile_seconds is None else round(compile_seconds, 1),
                     note="; ".join(notes), attention=attention)
@@ -443,11 +426,6 @@ def announcement(dtypes: list[str], dtype_setting: str, compile_setting: bool | 
     return f"{line}; skip it by setting {' and '.join(skip)}"
 
 
-def _rounded(ms: dict[str, float]) -> dict[str, float]:
-    """ms per step to 6 significant digits for the saved choice (never 0, unlike a fixed number of decimals)."""
-    return {name: float(f"{value:.6g}") for name, value in ms.items()}
-
-
 def compare(timings: dict[str, float], baseline: str, unit: str = "ms/step") -> Comparison:
     """The comparison of candidates timed in turn (their fastest rounds; a `Timings` also holds every round):
     the fastest kept when it beats the baseline by MIN_GAIN (`_fastest`), unless a candidate's fastest round
@@ -460,7 +438,9 @@ def compare(timings: dict[str, float], baseline: str, unit: str = "ms/step") -> 
         if others and others[0] > fastest * ROUND_NOISE:
             unsettled[name] = round(others[0] / fastest, 2)
     kept = baseline if unsettled else _fastest(timings, baseline)
-    return Comparison(_rounded(dict(timings)), baseline, kept, unit=unit, unsettled=unsettled)
+    # to 6 significant digits for the saved choice (never 0, unlike a fixed number of decimals)
+    rounded = {name: float(f"{ms:.6g}") for name, ms in timings.items()}
+    return Comparison(rounded, baseline, kept, unit=unit, unsettled=unsettled)
 
 
 def _fastest(ms: dict[str, float], baseline: str) -> str:
@@ -473,10 +453,6 @@ def _bf16_supported(device: torch.device) -> bool:
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     return device.type == "cpu"  # bf16 autocast runs on every CPU; the probe decides whether it is worth timing
-
-
-def needs_measurement(dtype_setting: str, compile_setting: bool | str) -> bool:
-    return dtype_setting == "auto" or compile_setting == "auto"
 
 
 @dataclass(frozen=True)
@@ -504,7 +480,7 @@ def decide_precision(cfg: RunConfig, rt: Runtime, timing_run: TimingRun | None, 
     one process cannot time steps that need all of them. `say`: where the lines printed while measuring go."""
     tc = cfg.train
     explicit = Precision(rt.autocast_dtype, tc.compile is True)
-    if not needs_measurement(cfg.dtype, tc.compile):
+    if cfg.dtype != "auto" and tc.compile != "auto":
         return None, explicit
     if tc.parallel == "fsdp":
         say(f"auto under FSDP (not timed): dtype {str(rt.autocast_dtype or 'float32').replace('torch.', '')}, "

@@ -196,7 +196,7 @@ def _wrap(model: GPT, rt: Runtime) -> nn.Module:
     wrapped: nn.Module = torch.compile(model) if rt.compile else model
     if rt.ddp and not is_sharded(model):
         from torch.nn.parallel import DistributedDataParallel as DDP
-        wrapped = DDP(wrapped, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
+        wrapped = DDP(wrapped, device_ids=[rt.local_rank] if rt.device.type == "cuda" else None)
     return wrapped
 
 
