@@ -76,11 +76,6 @@ class ModelConfig:
         return 1e-5 if self.norm == "layernorm" else 1e-6
 
     @property
-    def n_rep(self) -> int:
-        """How many query heads share each key/value head."""
-        return self.n_head // self.n_kv_head
-
-    @property
     def hidden_dim(self) -> int:
         if self.mlp_hidden is not None:
             return self.mlp_hidden

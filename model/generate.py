@@ -45,20 +45,12 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
 
 
+# a public API with its sampling settings as keywords, as transformers' and nanoGPT's generate have
 @torch.no_grad()
-def generate(  # a public API with its sampling settings as keywords, as transformers' and nanoGPT's generate have
-    model: GPT,
-    prompt: torch.Tensor,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
-    use_kv_cache: bool = True,
-    stop_token: int | None = None,
-    on_token: Callable[[torch.Tensor], None] | None = None,
-    compile: bool = False,
-) -> torch.Tensor:
+def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+             top_p: float | None = None, generator: torch.Generator | None = None, use_kv_cache: bool = True,
+             stop_token: int | None = None, on_token: Callable[[torch.Tensor], None] | None = None,
+             compile: bool = False) -> torch.Tensor:
     """Continue prompt (B, T0) by up to max_new_tokens tokens; returns (B, T0' + n) where T0' <= block_size
     (a longer prompt keeps its last block_size tokens). Stops early once every row has produced
     stop_token (rows that stopped earlier keep producing tokens the caller should cut at stop_token).

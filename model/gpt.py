@@ -65,14 +65,8 @@ def stable_softmax(scores: torch.Tensor) -> torch.Tensor:
     return exp / total.clamp_min(torch.finfo(exp.dtype).tiny)
 
 
-def scaled_dot_product_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    causal: bool = False,
-    dropout_p: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+                                 causal: bool = False, dropout_p: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention from scratch. Returns (output, weights).
 
     q: (..., T_q, d_k)   k: (..., T_k, d_k)   v: (..., T_k, d_v)   (leading dims broadcast)
@@ -203,10 +197,6 @@ class KVCache(nn.Module):
         self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
 
-    @property
-    def max_len(self) -> int:
-        return self.k_cache.shape[2]
-
     def update(self, input_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k, v (B, n_kv_head, T, head_dim) at positions input_pos (T,); return the full buffers
         (B, n_kv_head, max_len, head_dim). Positions not yet written hold zeros, and the caller's mask
@@ -219,9 +209,6 @@ class KVCache(nn.Module):
         """Zero both buffers in place (they keep their identity, which compiled code guards on)."""
         self.k_cache.zero_()
         self.v_cache.zero_()
-
-    def nbytes(self) -> int:
-        return self.k_cache.nbytes + self.v_cache.nbytes
 
 # --------------------------------------------------------------------------------------------------------------------
 # 5. Causal self-attention: the projections around the formula, grouped-query heads, RoPE, the cache
@@ -263,14 +250,9 @@ class CausalSelfAttention(nn.Module):
         k = qk[:, :, self.n_head:].transpose(1, 2)  # (B, n_kv_head, T, head_dim)
         return q, k, v.transpose(1, 2)  # v: (B, n_kv_head, T, head_dim)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
-        input_pos: torch.Tensor | None = None,
-        need_weights: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, x: torch.Tensor, rope: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                input_pos: torch.Tensor | None = None, need_weights: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: (B, T, d_model). rope: (T, head_dim/2, 2) cos/sin rotations for the positions of x (model/gpt.py).
         mask: None for plain causal attention over x itself; with a KV cache, bool (T, T_k) rows of the
         causal table at `input_pos`, the absolute positions of x's tokens, where k/v are written, cut to the
@@ -622,7 +604,7 @@ class GPT(nn.Module):
             self.__dict__["_kv_pool"] = (key, caches, self.causal_table)
         for block, cache in zip(self.blocks, caches):
             block.attn.kv_cache = cache
-        return sum(cache.nbytes() for cache in caches)
+        return sum(cache.k_cache.nbytes + cache.v_cache.nbytes for cache in caches)
 
     def clear_kv_cache(self) -> None:
         """Back to plain forward passes (the buffers stay pooled for the next setup_kv_cache)."""
