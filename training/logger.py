@@ -142,12 +142,8 @@ class RunLogger:
     # ----------------------------------------------------------------------------------------------
     def write(self, line: str) -> None:
         """A line that survives the progress bar."""
-        if not self.enabled:
-            return
-        if self.bar is not None:
-            self.bar.write(line, file=sys.stderr)
-        else:
-            print(line, file=sys.stderr)
+        if self.enabled:
+            (self.bar.write if self.bar is not None else print)(line, file=sys.stderr)
 
     def record(self, step: int, values: dict[str, Any]) -> None:
         """One line of metrics.jsonl (flushed: crash tests read it) and one W&B log call."""
@@ -156,11 +152,10 @@ class RunLogger:
         row = {"step": step, "time_s": round(time.perf_counter() - self.t0, 3), **values}
         with could_not_write(self.metrics_path, self.out_dir):
             append_text(self.metrics_path, json.dumps(row))
-        if self.wandb is not None:
-            self.wandb.log(values, step=step)
+        self.log_wandb(step, values)
 
     def log_wandb(self, step: int, values: dict[str, Any]) -> None:
-        if self.enabled and self.wandb is not None:
+        if self.wandb is not None:  # None on the other processes
             self.wandb.log(values, step=step)
 
     def progress(self, n: int, postfix: dict[str, str]) -> None:
@@ -169,9 +164,7 @@ class RunLogger:
             self.bar.update(n)
 
     def close(self) -> None:
-        if not self.enabled:
-            return
-        if self.bar is not None:
+        if self.bar is not None:  # bar and wandb: None on the other processes
             self.bar.close()
         if self.wandb is not None:
             self.wandb.finish()
