@@ -76,9 +76,8 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int, temperature:
             if decode is not None:  # a compiled step is specialised to its cache length: round up to a power of
                 max_len = min(block_size, 1 << (max_len - 1).bit_length())  # two, so few lengths ever compile
             model.setup_kv_cache(B, max_len, dtype=model.tok_emb.weight.dtype, device=device)
-            logits, _ = model(window, input_pos=torch.arange(window.shape[1], device=device), last_only=True)
-        else:
-            logits, _ = model(window, last_only=True)
+        positions = torch.arange(window.shape[1], device=device) if use_kv_cache else None
+        logits, _ = model(window, input_pos=positions, last_only=True)
         for _ in range(max_new_tokens):
             token = sample_next(logits[:, -1], temperature, top_k, top_p, generator)  # (B,)
             out.append(token[:, None])
@@ -92,9 +91,8 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int, temperature:
             window = torch.cat([window, token[:, None]], dim=1)
             if n == block_size:  # no room for the new token: slide, keep the last `keep` tokens
                 window = window[:, -keep:]
-                positions = torch.arange(keep, device=device)
-                logits, _ = (model(window, input_pos=positions, last_only=True) if use_kv_cache
-                             else model(window, last_only=True))
+                positions = torch.arange(keep, device=device) if use_kv_cache else None  # prefilled again at 0..
+                logits, _ = model(window, input_pos=positions, last_only=True)
             elif decode is not None:
                 logits = decode(token[:, None], torch.tensor([n], device=device))
             elif use_kv_cache:

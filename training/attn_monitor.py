@@ -94,9 +94,8 @@ class Probes:
                               f"seed {ROLE_PROBE_SEED}")
             self.roles = role_probe(tokenizer.ordinary_ids(), tokenizer.start_id, block_size,
                                     batch=cfg.attn.role_batch, seed=ROLE_PROBE_SEED).to(rt.device)
-        self.ablation = cfg.attn.ablation if cfg.train.parallel != "fsdp" else "off"
-        if len(self.ids) < 2:
-            self.ablation = "off"  # one token predicts nothing: there is no loss to lose
+        # one token predicts nothing: there is no loss to lose
+        self.ablation = "off" if cfg.train.parallel == "fsdp" or len(self.ids) < 2 else cfg.attn.ablation
 
     def run(self, model: GPT) -> tuple[dict, dict[str, np.ndarray], np.ndarray | None]:
         """(attention internals of the probe text per layer, {role: (n_layer, n_head)}, ablation_dloss
