@@ -143,7 +143,6 @@ class AttentionMonitor:
         self.interval = cfg.wandb.attn_interval
         self.layers_drawn = cfg.attn.layers if cfg.attn.layers is not None else default_layers(model.config.n_layer)
         self.probes = Probes(cfg, model, prepared, rt)
-        self.idx = self.probes.text  # (1, T)
         self.tokens = prepared.tokenizer.token_strings(self.probes.ids)
         self.out_dir = Path(cfg.out_dir)
         self.dir = self.out_dir / "attn"
@@ -251,7 +250,7 @@ class AttentionMonitor:
                 png.parent.mkdir(exist_ok=True)
                 draw_heatmap(maps[layer][0], self.tokens, title=f"layer {layer}, step {step}", path=png)
             images[f"attn/layer_{layer}"] = png
-            if self.idx.shape[1] > LABEL_MAX_T:  # shorter: the full map labels every token, the zoom would repeat it
+            if len(self.probes.ids) > LABEL_MAX_T:  # shorter: the full map labels every token, the zoom would repeat it
                 zoom = png.with_name(f"step_{step:06d}_zoom.png")
                 with could_not_write(zoom, self.out_dir):
                     draw_heatmap_zoom(maps[layer][0], self.tokens, path=zoom, title=f"layer {layer}, step {step}")

@@ -17,15 +17,15 @@ candidates compared timed in turn, ROUNDS rounds, each keeping its fastest round
   3. the winner of 1-2 compiled, when compile is `auto` and the rest of the run, at the eager pace, lasts
      at least COMPILE_MIN_RUN_S (compiling costs tens of seconds on a CPU: a shorter run cannot repay it).
 
-A candidate other than float32 eager is kept only when it is at least MIN_GAIN faster, so `auto` is never
-slower than plain float32 eager beyond noise; and only when every candidate's fastest round is confirmed by
-another of its rounds within ROUND_NOISE: rounds further apart say the machine's load changed while they were
-timed, and the comparison then keeps its baseline, the safe default, saying so (`compare`). The steps are timed while the run is resolved (training/plan.py),
-on a model of the run's shape built for the timing, before the run's own model exists: a run with `auto` trains
-exactly as the same run with the chosen settings written out (`choose` also puts back the weights, optimizer
-state and RNG streams of what it timed). What it decided is a value, `Precision`, that the run is built with;
-nothing is changed afterwards. The choice is saved in out_dir (CHOICE_FILE) and a resume reuses it without
-measuring again. Explicit settings are obeyed as written and never measured.
+A candidate other than float32 eager is kept only when it is at least MIN_GAIN faster, so `auto` is never slower
+than plain float32 eager beyond noise; and only when every candidate's fastest round is confirmed by another of
+its rounds within ROUND_NOISE: rounds further apart say the machine's load changed while they were timed, and the
+comparison then keeps its baseline, the safe default, saying so (`compare`). The steps are timed while the run is
+resolved (training/plan.py), on a model of the run's shape built for the timing, before the run's own model
+exists: a run with `auto` trains exactly as the same run with the chosen settings written out (`choose` also puts
+back the weights, optimizer state and RNG streams of what it timed). What it decided is a value, `Precision`,
+that the run is built with; nothing is changed afterwards. The choice is saved in out_dir (CHOICE_FILE) and a
+resume reuses it without measuring again. Explicit settings are obeyed as written and never measured.
 
 What the run prints: before timing, what is timed, about how long it takes and how to skip it; before
 compiling, why and that it takes a while; then one summary line. The summary gives each comparison with the
@@ -207,9 +207,8 @@ def save_choice(out_dir: Path, choice: Choice) -> None:
 
 
 def bf16_matmul_ratio(device: torch.device, size: int = 512, reps: int = 4, rounds: int = 3) -> float:
-    """bf16 / float32 matmul throughput on this device (> 1: bf16 is faster), from a short probe: the same
-    size x size products in each dtype, each warmed up once, then `rounds` rounds of `reps` products, the
-    dtypes in turn within each round, each dtype's fastest round kept. One pass of each, one after the
+    """bf16 / float32 matmul throughput on this device (> 1: bf16 is faster), from a short probe of `rounds`
+    rounds, the dtypes in turn within each, each dtype's fastest round kept. One pass of each, one after the
     other, once read a CPU whose bf16 matmuls are 2.8x float32's as 0.72x (a burst of load on a shared
     machine hit the bf16 pass), and the run trained in float32, 1.2x slower."""
     gen = torch.Generator(device=device).manual_seed(0)
@@ -294,9 +293,7 @@ class Timings(dict):
 
 
 def _time_rounds(steps: dict[str, Callable[[], None]], device: torch.device) -> Timings:
-    """ms per step of each candidate: ROUNDS rounds, the candidates in turn within each, of about
-    MEASURE_S / ROUNDS seconds (MIN_STEPS steps at least); each candidate's fastest round. A lone candidate
-    (compared with nothing) gets one round."""
+    """Each candidate's ms per step, in ROUNDS rounds of the candidates in turn (a lone one: one round)."""
     rounds: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(ROUNDS if len(steps) > 1 else 1):
         for name, step in steps.items():
@@ -322,11 +319,9 @@ def choose(timed: tuple[nn.Module, Optimizers, tuple[torch.Tensor, torch.Tensor]
            ) -> tuple[Choice, nn.Module | None]:
     """Time the candidates (module doc) on `timed`, (a model, its optimizers, one batch), stepping as the run's
     `train:` section says (grad_accum, grad_clip); return (choice, the compiled model if compile won, else None).
-
-    dtype_setting / tc.compile: the run's `dtype` and `train.compile`; only those on "auto" are chosen, the
-    others are taken as written. `say` gets the lines the user waits on: what is timed and for about how long,
-    before timing, and why the model is compiled, before compiling. The model and optimizers end exactly as they
-    started, but for the attention kernel's precision where it was chosen (module doc)."""
+    Only the run's settings on "auto" (dtype_setting, tc.compile) are chosen. `say` gets the lines the user waits
+    on: what is timed and for about how long, and why the model is compiled, before each. The model and optimizers
+    end exactly as they started, but for the attention kernel's precision where it was chosen (module doc)."""
     model, optimizers, batch = timed
     compile_setting = tc.compile
     device = rt.device
@@ -405,8 +400,7 @@ def choose(timed: tuple[nn.Module, Optimizers, tuple[torch.Tensor, torch.Tensor]
 
 def timing_seconds(n_candidates: int, step_s: float) -> float:
     """About how long timing n candidates takes after the first warm-up step, at step_s seconds a step: the
-    other warm-ups, then ROUNDS rounds (one when alone) of MEASURE_S / ROUNDS seconds or MIN_STEPS steps each,
-    whichever is longer (what _time_rounds does)."""
+    other warm-ups, then what _time_rounds does."""
     rounds = ROUNDS if n_candidates > 1 else 1
     return (n_candidates - 1) * step_s + n_candidates * rounds * max(MEASURE_S / ROUNDS, MIN_STEPS * step_s)
 
@@ -427,9 +421,7 @@ def announcement(dtypes: list[str], dtype_setting: str, compile_setting: bool | 
 
 
 def compare(timings: dict[str, float], baseline: str, unit: str = "ms/step") -> Comparison:
-    """The comparison of candidates timed in turn (their fastest rounds; a `Timings` also holds every round):
-    the fastest kept when it beats the baseline by MIN_GAIN (`_fastest`), unless a candidate's fastest round
-    is not confirmed by another of its rounds within ROUND_NOISE; then the baseline, the safe default. A lone
+    """The comparison of candidates timed in turn (a `Timings` also holds every round; module doc). A lone
     round confirms nothing and contradicts nothing."""
     rounds = getattr(timings, "rounds", {name: [ms] for name, ms in timings.items()})
     unsettled = {}

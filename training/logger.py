@@ -32,22 +32,18 @@ RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")  # what wandb makes (8 lowercase le
 RUN_ID_LIMIT = 4096  # bytes: an id is a few dozen
 
 
-def wandb_credentials_present() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    try:
-        return netrc.netrc().authenticators("api.wandb.ai") is not None
-    except (FileNotFoundError, netrc.NetrcParseError, OSError):
-        return False
-
-
 def resolve_wandb_mode(mode: str) -> str:
     if mode != "auto":
         return mode
     env_mode = os.environ.get("WANDB_MODE")
     if env_mode in ("online", "offline", "disabled"):
         return env_mode
-    return "online" if wandb_credentials_present() else "offline"
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    try:
+        return "online" if netrc.netrc().authenticators("api.wandb.ai") is not None else "offline"
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return "offline"
 
 
 def call_interruptibly(fn: Callable[[], Any], poll_s: float = 0.1) -> Any:
