@@ -90,10 +90,9 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
-        known = {f.name for f in fields(cls)}
         if not isinstance(d, dict):
             raise TypeError(f"a model config must be a mapping of its settings, not {type(d).__name__}")
-        unknown = sorted(set(d) - known)
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
         if unknown:
             raise ValueError(f"unknown model config keys: {', '.join(unknown)}")
         return cls(**d)

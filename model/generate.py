@@ -20,8 +20,7 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
 
     temperature 0 is greedy (argmax). top_k keeps exactly the k highest logits (ties broken by index);
     top_p keeps the smallest set of most likely tokens whose probability reaches top_p (nucleus; ties
-    broken by index too).
-    """
+    broken by index too)."""
     if temperature == 0:
         return logits.argmax(dim=-1)
     # float64, shifted so the row max is 0: a tiny temperature (1e-40) then sends the other logits to

@@ -46,8 +46,7 @@ def causal_mask(t_q: int, t_k: int, device: torch.device | str | None = None) ->
     Aligned bottom-right: the queries are the *last* t_q positions of the t_k keys, so query i sits
     at absolute position t_k - t_q + i and sees keys j <= t_k - t_q + i. With t_q == t_k this is the
     usual lower triangle; with t_q < t_k (decoding against a cache) the new tokens see all the past.
-    (PyTorch's SDPA `is_causal=True` aligns top-left instead when t_q != t_k: pytorch issue 108108.)
-    """
+    (PyTorch's SDPA `is_causal=True` aligns top-left instead when t_q != t_k: pytorch issue 108108.)"""
     return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal=t_k - t_q)
 
 
@@ -56,8 +55,7 @@ def stable_softmax(scores: torch.Tensor) -> torch.Tensor:
 
     exp(s - max) / sum(exp(s - max)) equals exp(s) / sum(exp(s)) exactly in real arithmetic, but its
     exponents are all <= 0, so scores of 800 (exp(800) = inf in float64) still give finite weights.
-    A row whose every entry is masked (-inf) gets all-zero weights instead of NaN.
-    """
+    A row whose every entry is masked (-inf) gets all-zero weights instead of NaN."""
     row_max = scores.amax(dim=-1, keepdim=True)
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
     exp = torch.exp(scores - row_max)  # masked entries: exp(-inf) = 0 exactly
@@ -76,8 +74,7 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     dropout_p: dropout on the weights used for mixing (the returned weights are before dropout).
 
     output: (..., T_q, d_v)   weights: (..., T_q, T_k), each row sums to 1, masked entries exactly 0.
-    The softmax runs in at least float32, also under bf16 autocast: its weights are what we inspect.
-    """
+    The softmax runs in at least float32, also under bf16 autocast: its weights are what we inspect."""
     d_k = q.shape[-1]
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(d_k)  # (..., T_q, T_k): how much each query matches each key
     scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
@@ -412,8 +409,7 @@ class GPT(nn.Module):
         - the two projections that write into the residual stream (attention out_proj, MLP fc_out)
           get std 0.02 / sqrt(2 * n_layer): the stream sums 2 * n_layer of them, so its variance at
           init stays independent of depth (GPT-2 paper, section 2.3);
-        - norm weights 1, norm biases 0.
-        """
+        - norm weights 1, norm biases 0."""
         residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
@@ -634,8 +630,7 @@ class GPT(nn.Module):
 
         6 per weight of every matmul (2 forward, 4 backward), the LM head included even when tied;
         plus attention's two matmuls (QK^T and weights @ V): 12 * n_layer * n_head * head_dim * seq_len,
-        counted over the full square as is customary, though the causal half is masked.
-        """
+        counted over the full square as is customary, though the causal half is masked."""
         c = self.config
         seq_len = c.block_size if seq_len is None else seq_len
         matmul_params = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))

@@ -297,21 +297,16 @@ def _time_rounds(steps: dict[str, Callable[[], None]], device: torch.device) -> 
     rounds: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(ROUNDS if len(steps) > 1 else 1):
         for name, step in steps.items():
-            rounds[name].append(_time_steps(step, device, MEASURE_S / ROUNDS))
+            n, elapsed = 0, 0.0  # MIN_STEPS steps at least, and about MEASURE_S / ROUNDS seconds
+            synchronize(device)
+            t0 = time.perf_counter()
+            while n < MIN_STEPS or elapsed < MEASURE_S / ROUNDS:
+                step()
+                n += 1
+                synchronize(device)
+                elapsed = time.perf_counter() - t0
+            rounds[name].append(1e3 * elapsed / n)
     return Timings(rounds)
-
-
-def _time_steps(step: Callable[[], None], device: torch.device, seconds: float) -> float:
-    """ms per step: MIN_STEPS steps at least, and about `seconds`."""
-    n, elapsed = 0, 0.0
-    synchronize(device)
-    t0 = time.perf_counter()
-    while n < MIN_STEPS or elapsed < seconds:
-        step()
-        n += 1
-        synchronize(device)
-        elapsed = time.perf_counter() - t0
-    return 1e3 * elapsed / n
 
 
 def choose(timed: tuple[nn.Module, Optimizers, tuple[torch.Tensor, torch.Tensor]], rt: Runtime, tc: TrainConfig,

@@ -26,8 +26,7 @@ def accumulate_gradients(model: nn.Module, params_model: nn.Module, next_batch: 
 
     model: what runs forward (maybe compiled and/or DDP-wrapped); params_model: the plain module whose
     parameters are clipped. Returns (mean loss, gradient norm before clipping), 0-d tensors.
-    Under DDP, gradients are only all-reduced on the last micro-batch (no_sync before).
-    """
+    Under DDP, gradients are only all-reduced on the last micro-batch (no_sync before)."""
     grad_accum = tc.grad_accum
     loss_sum = torch.zeros((), device=rt.device)
     for micro in range(grad_accum):
