@@ -85,14 +85,13 @@ class Probes:
         block_size = model.config.block_size
         self.ids = probe_ids(cfg, prepared, block_size)
         self.text = torch.tensor([self.ids], dtype=torch.long, device=rt.device)  # (1, T)
-        tokenizer = prepared.tokenizer
         self.roles = None  # (role_batch, 1 + 2R), or None for a block too short for a role probe (R < 1)
         R = probe_length(block_size)
         self.role_note = f"block_size {block_size} is too short for it: NaN"
         if R >= 1:
             self.role_note = (f"{cfg.attn.role_batch} × a start token, {R} random tokens and the same {R} again, "
                               f"seed {ROLE_PROBE_SEED}")
-            self.roles = role_probe(tokenizer.ordinary_ids(), tokenizer.start_id, block_size,
+            self.roles = role_probe(prepared.tokenizer.ordinary_ids(), prepared.tokenizer.start_id, block_size,
                                     batch=cfg.attn.role_batch, seed=ROLE_PROBE_SEED).to(rt.device)
         # one token predicts nothing: there is no loss to lose
         self.ablation = "off" if cfg.train.parallel == "fsdp" or len(self.ids) < 2 else cfg.attn.ablation

@@ -41,16 +41,6 @@ STATE_FILE = "fsdp_state.pt"
 DCP_DIR = "dcp"
 
 
-def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The whole model's weights on rank 0's CPU (empty on other ranks). Collective: every rank calls it."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if model.config.tie_embeddings:
-        state.pop("lm_head.weight", None)  # the same tensor as tok_emb.weight (pretrained/checkpoint.py saves it once)
-    return {name: tensor.detach().contiguous() for name, tensor in state.items()}
-
-
 def _all_ok(ok: bool, device: torch.device) -> bool:
     """Did every process succeed? (A flag on the run's device: NCCL reduces CUDA tensors only.)"""
     flag = torch.tensor(0 if ok else 1, device=device)
@@ -63,12 +53,16 @@ def save_sharded(out_dir: Path, model: nn.Module, optimizers: Any, extra: dict[s
     """Write atomically, with the training `state`, out_dir/latest: consolidated weights, the sharded weights +
     optimizer and every rank's loader/RNG state; without it (None), out_dir/best: the consolidated weights
     alone. Collective: every rank calls it."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
     import torch.distributed.checkpoint as dcp
 
     name = LATEST if state is not None else BEST  # only latest/ is resumed from: best/ needs no shards
     tmp = out_dir / f".{name}.tmp"
-    weights = full_weights(model)
+    # the whole model's weights, gathered on rank 0's CPU (empty on other ranks)
+    weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if model.config.tie_embeddings:
+        weights.pop("lm_head.weight", None)  # tok_emb.weight's tensor (pretrained/checkpoint.py saves it once)
+    weights = {key: tensor.detach().contiguous() for key, tensor in weights.items()}
     error: BaseException | None = None
     if rt.is_main:
         try:

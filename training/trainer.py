@@ -31,7 +31,7 @@ from training.logger import RunLogger
 from training.optim import Optimizers, build_optimizers
 from training.parallel import MonitorFollower, agreed_stop, is_sharded, shard_model
 from training.plan import RunPlan, resolve_run
-from training.resume import resume, resume_sharded
+from training.resume import resume
 from training.run_dir import RunDirLock, could_not_write, lock_run_dir, make_out_dir
 from training.runtime import (PeakFlops, Runtime, measure_peak_flops, rng_state, seed_everything, setup_runtime,
                               synchronize, teardown_runtime)
@@ -117,18 +117,17 @@ class Run:
 
     def save(self, step_done: int) -> None:
         """Write latest/ with everything a resume needs (main process only; every process under FSDP)."""
+        counters = {"step": step_done, "best_val": self.result.best_val, "skipped_steps": self.result.skipped_steps}
         if self.cfg.train.parallel == "fsdp":
             save_sharded(self.out_dir, self.raw_model, self.optimizers, self.extra, self.rt,
-                         {"step": step_done, "best_val": self.result.best_val, "loader": self.loader.state_dict(),
-                          "skipped_steps": self.result.skipped_steps}, files=self.files)
+                         {**counters, "loader": self.loader.state_dict()}, files=self.files)
             return
         loaders = [self.loader.state_dict()] * self.rt.world_size  # each process's own position in the data
         if self.rt.ddp:
             dist.all_gather_object(loaders, self.loader.state_dict())
         if not self.rt.is_main:
             return
-        state = {"step": step_done, "best_val": self.result.best_val, "skipped_steps": self.result.skipped_steps,
-                 "optimizer": self.optimizers.state_dict(), "loader": loaders[0], "loaders": loaders,
+        state = {**counters, "optimizer": self.optimizers.state_dict(), "loader": loaders[0], "loaders": loaders,
                  "rng": rng_state()}
         save_checkpoint(self.out_dir, LATEST, self.raw_model, self.extra, state, files=self.files)
 
@@ -159,8 +158,7 @@ def build(plan: RunPlan) -> Run:
                          seed=cfg.seed, rank=rt.rank, world_size=rt.world_size, device=rt.device)
     result = TrainResult(out_dir=plan.out_dir, step=0, model=model)
     if plan.resume_point is not None:
-        state = (resume_sharded(plan.resume_point, plan.out_dir, model, optimizers, loader, rt)
-                 if tc.parallel == "fsdp" else resume(plan.resume_point, plan.out_dir, model, optimizers, loader))
+        state = resume(plan.resume_point, plan.out_dir, model, optimizers, loader, rt)
         result.step, result.best_val = state["step"], state["best_val"]
         result.skipped_steps = state.get("skipped_steps", 0)
     if rt.is_main:
