@@ -203,9 +203,7 @@ class PeakFlops:
     marked `bounded`, and `say` is told once why."""
 
     def __init__(self, given: float | None, measure: Callable[[], float], say: Callable[[str], None]):
-        self.given = given
-        self.measure = measure  # the device's matmul rate now (measure_peak_flops)
-        self.say = say
+        self.given, self.measure, self.say = given, measure, say  # measure: its matmul rate now (measure_peak_flops)
         self.value = given or measure()
         self.measured_again = given is not None  # a given peak is the user's number: never replaced by a measure
         self.bounded = False

@@ -95,7 +95,7 @@ def _train(cfg: RunConfig, should_stop: Callable[[int], bool] | None) -> TrainRe
 
 @dataclass
 class Run:
-    """Everything the loop works with, built by `setup`."""
+    """Everything the loop works with, built by `build`."""
 
     cfg: RunConfig
     rt: Runtime
@@ -171,17 +171,16 @@ def build(plan: RunPlan) -> Run:
     try:
         if plan.latest is not None:
             logger.write(f"resuming from '{plan.latest}' at step {result.step} (best val {result.best_val:.4f})")
-        run = Run(cfg=cfg, rt=rt, out_dir=plan.out_dir, prepared=prepared, model=_wrap(model, rt),
-                  raw_model=model, optimizers=optimizers, loader=loader, extra=plan.extra, files=plan.files,
-                  logger=logger, monitor=None, result=result)
-        run.scaler = torch.amp.GradScaler("cuda") if rt.autocast_dtype == torch.float16 else None
-        run.tokens_per_step = tc.batch_size * tc.grad_accum * rt.world_size * plan.model_config.block_size
+        tokens_per_step = tc.batch_size * tc.grad_accum * rt.world_size * plan.model_config.block_size
         # each process runs 1/world_size of the step's tokens on its own device, measured against its own peak
-        run.device_flops_per_step = (model.flops_per_token(plan.model_config.block_size) * run.tokens_per_step
-                                     / rt.world_size)
-        run.peak = PeakFlops(tc.peak_flops, lambda: measure_peak_flops(rt.device, rt.autocast_dtype), logger.write)
-        run.monitor = _attention_monitor(cfg, model, prepared, logger, rt, result.step)
-        return run
+        device_flops = model.flops_per_token(plan.model_config.block_size) * tokens_per_step / rt.world_size
+        return Run(cfg=cfg, rt=rt, out_dir=plan.out_dir, prepared=prepared, model=_wrap(model, rt),
+                   raw_model=model, optimizers=optimizers, loader=loader, extra=plan.extra, files=plan.files,
+                   logger=logger, result=result, tokens_per_step=tokens_per_step, device_flops_per_step=device_flops,
+                   scaler=torch.amp.GradScaler("cuda") if rt.autocast_dtype == torch.float16 else None,
+                   peak=PeakFlops(tc.peak_flops, lambda: measure_peak_flops(rt.device, rt.autocast_dtype),
+                                  logger.write),
+                   monitor=_attention_monitor(cfg, model, prepared, logger, rt, result.step))
     except BaseException:
         if logger.bar is not None:
             logger.bar.close()  # end the progress bar's line first: the error printed next gets a line of its own
