@@ -187,9 +187,8 @@ class Choice:
 
 def saved_choice(out_dir: Path) -> Choice | None:
     """The choice a previous run of this out_dir made, or None (none saved, or unreadable: measure again)."""
-    path = Path(out_dir) / CHOICE_FILE
     try:
-        return Choice.from_json(json.loads(path.read_text(encoding="utf-8")))
+        return Choice.from_json(json.loads((Path(out_dir) / CHOICE_FILE).read_text(encoding="utf-8")))
     except (OSError, ValueError, TypeError):
         return None
 
@@ -245,14 +244,12 @@ def fused_attention_timings(model: nn.Module, batch_size: int, seq_len: int, dty
     q, k, v = tensor(config.n_head), tensor(config.n_kv_head), tensor(config.n_kv_head)
     grad_out = tensor(config.n_head, grad=False)
 
-    def call(float32: bool) -> Callable[[], None]:
-        def run() -> None:
-            with torch.autocast(device.type, dtype=amp):
-                out = fused_attention(q, k, v, None, causal=True, dropout_p=config.dropout, float32=float32)
-            torch.autograd.grad(out, (q, k, v), grad_out)
-        return run
+    def call(float32: bool) -> None:
+        with torch.autocast(device.type, dtype=amp):
+            out = fused_attention(q, k, v, None, causal=True, dropout_p=config.dropout, float32=float32)
+        torch.autograd.grad(out, (q, k, v), grad_out)
 
-    runs = {f"{dtype} attention": call(False), FLOAT32_ATTENTION: call(True)}
+    runs = {f"{dtype} attention": lambda: call(False), FLOAT32_ATTENTION: lambda: call(True)}
     for run in runs.values():
         run()  # warm-up: kernel selection, allocator
     return _time_rounds(runs, device)
