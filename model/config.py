@@ -76,11 +76,6 @@ class ModelConfig:
         return 1e-5 if self.norm == "layernorm" else 1e-6
 
     @property
-    def n_rep(self) -> int:
-        """How many query heads share each key/value head."""
-        return self.n_head // self.n_kv_head
-
-    @property
     def hidden_dim(self) -> int:
         if self.mlp_hidden is not None:
             return self.mlp_hidden
@@ -95,10 +90,9 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
-        known = {f.name for f in fields(cls)}
         if not isinstance(d, dict):
             raise TypeError(f"a model config must be a mapping of its settings, not {type(d).__name__}")
-        unknown = sorted(set(d) - known)
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
         if unknown:
             raise ValueError(f"unknown model config keys: {', '.join(unknown)}")
         return cls(**d)
