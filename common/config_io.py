@@ -30,25 +30,20 @@ import yaml
 from common.errors import UserError
 from common.path_kind import path_kind
 from common.paths import expand_path
-from common.schema import Float, Int, Invalid, is_int, range_text
+from common.schema import Float, Int, Invalid, Nullable, check_fields, is_int, range_text
 
 PATH = {"path": True}  # dataclass field metadata: the value is a path (or a list of paths): `~` is expanded
 
 
 def check_ranges(section: Any, ranges: dict[str, Int | Float | tuple[Int | Float, str]]) -> None:
-    """Each field of `section` (a config dataclass) that `ranges` names within its range: a common/schema.py
-    number rule, or (rule, what a null or the unit means) whose text follows the range; a null passes (the
-    annotation says whether one may be given). Else ValueError "name=value: must be <range>", which from_dict
-    turns into one line naming the section. The same rule objects check untrusted JSON (common/schema.py)."""
+    """Each field of `section` that `ranges` names within its range: a common/schema.py number rule, or (rule,
+    what a null or the unit means) whose text follows the range; a null passes (the annotation says whether one
+    may be given). Else ValueError "name=value: must be <range>" (common/schema.py: check_fields)."""
+    rules = {}
     for name, rule in ranges.items():
         rule, note = rule if isinstance(rule, tuple) else (rule, "")
-        value = getattr(section, name)
-        if value is None:
-            continue
-        try:
-            rule.check(value, name)
-        except Invalid:
-            raise ValueError(f"{name}={value}: must be {range_text(rule)}{note}") from None
+        rules[name] = (Nullable(rule), f"{range_text(rule)}{note}")
+    check_fields(section, rules)
 
 
 def closest(name: str, choices: list[str], prefix: str = "") -> str:
