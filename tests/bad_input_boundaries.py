@@ -197,7 +197,7 @@ RULES_DOC = [
     "- **Text from a run's files** (`common/json_file.py: parse_json`, `training/logger.py: read_run_id`). Untrusted "
     "JSON (a checkpoint's config.json and its vocabulary, a prepared folder's meta.json, tokenizer files) is "
     "refused when a string holds a lone surrogate, which no stream or file can encode; wandb_run_id.txt must hold "
-    "a run id (letters, digits, `-`, `_`). Tests: `common/test_schema_untrusted_json.py`.",
+    "a run id (letters, digits, `-`, `_`). Tests: `common/test_json_file.py`.",
     "- **What the model computes is finite** (`model/gpt.py: GPT._check_finite`, at the end of `GPT._hidden`, the "
     "pass that generation, evaluation and the attention dumps all run). Weights are checked finite when read, but "
     "finite weights can overflow the dtype computed in. Every pass outside training ends with one "
