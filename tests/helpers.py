@@ -1,4 +1,5 @@
-"""Shared by the training, sampling and reliability tests: tiny run configs on tinyshakespeare."""
+"""Shared by the training, sampling and reliability tests: tiny run configs on tinyshakespeare; and by the data
+tests: token files written by hand."""
 from __future__ import annotations
 
 import os
@@ -8,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from common.device import torch_version
@@ -70,6 +72,12 @@ def fresh_copy(trained: tuple[Path, object], tmp_path: Path) -> tuple[Path, obje
     copy = tmp_path / "run"
     shutil.copytree(out, copy)
     return copy, model
+
+
+def write_bin(path: Path, tokens: np.ndarray) -> Path:
+    """`tokens` as a flat token file (a shard, or a split's older train.bin / val.bin), in their own dtype."""
+    tokens.tofile(path)
+    return path
 
 
 def run_cli(args: list[str], env_extra: dict[str, str] | None = None, timeout: float = 180, cwd: Path | None = None,
