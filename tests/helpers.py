@@ -19,6 +19,12 @@ TINY = REPO / "configs" / "tiny.yaml"
 SHAKESPEARE_SOURCES = [REPO / "data" / "cache" / "tinyshakespeare" / "input.txt",
                        REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"]
 
+# the runs of the FSDP tests (tests/training/conftest.py's `uninterrupted`, test_parallel_fsdp.py, test_dist_checkpoint.py):
+# tiny.yaml for 6 steps, each logged, evals every 2, no dropout (so one process and two compare step by step)
+TINY_SIX_STEPS = ["configs/tiny.yaml", "train.max_iters=6", "train.log_interval=1", "eval.interval=2", "eval.iters=2",
+                  "model.dropout=0.0", "train.peak_flops=1e12"]
+TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py"]
+
 # FSDP2 runs on a CPU from PyTorch 2.6 on; before, it creates CUDA streams (training/parallel.py refuses it)
 needs_cpu_fsdp = pytest.mark.skipif(torch_version() < (2, 6), reason="FSDP2 on a CPU needs PyTorch >= 2.6")
 
