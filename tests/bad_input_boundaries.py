@@ -116,7 +116,7 @@ RULES_DOC = [
     "model's files (`model.safetensors`, `model.safetensors.index.json`, `train_state.pt`, `fsdp_state.pt`). "
     "`convert.py --force` replaces only a folder convert.py wrote itself (it holds `.attngpt-convert.json` and no "
     "subfolder), and never the source of the conversion, a folder inside it or one holding it. Tests: "
-    "`common/test_paths_write_boundaries.py`.",
+    "`common/test_paths_write_boundaries.py`, `pretrained/hf/test_export.py` (convert.py's `OUT_DIR` rule).",
     "- **Every file the product writes** (`common/writes.py`: `write_file`, `append_text`, `owning`). Checkpoints, "
     "configs, metrics, stats.csv, heatmaps, dumps, the explorer, prepared shards and converted folders are all "
     "written through it: to a new temporary name beside the target (created exclusively: never an existing file "
