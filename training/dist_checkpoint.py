@@ -15,7 +15,7 @@ writes the rest, fsyncs, and swaps the folder in with the same two renames (late
 .latest.tmp -> latest), so a crash at any moment leaves a complete checkpoint (checkpoint_dir recovers
 one caught between the renames). The processes wait for each other (barriers) before and after.
 A resume loads each process's shards into the freshly sharded model and optimizer, and its own loader
-position and RNG states: the same exact-resume guarantee as a single process (tests/training/test_parallel_fsdp.py).
+position and RNG states: the same exact-resume guarantee as a single process (tests/training/test_dist_checkpoint.py).
 `fsdp_state.pt` holds only tensors and plain data and is read with weights_only=True. The out_dir must be
 a filesystem every process sees (one machine, or a shared mount across nodes).
 """
