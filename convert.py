@@ -36,7 +36,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from pretrained.checkpoint import CheckpointError
-
     with user_errors_exit("convert.py", also=(CheckpointError,)):
         from pretrained import convert
         if args.command == "to-hf":

@@ -10,14 +10,10 @@
 Loading reads only safetensors and JSON: nothing from the checkpoint is unpickled or executed, and nothing
 in the run's folder is written, renamed or deleted (a training run may be saving into it meanwhile: the
 checkpoint is read again if a save swapped it away mid-read). Attention dumps go to --dump-dir, by default
-./attn_dump, never into a run or a model folder (common/paths.py: one holding .train.lock, a run's config.yaml
-beside its checkpoints, or a checkpoint's or model's weights; refused in one line, before the model is built).
-The memory that generating the --num-samples at once needs is checked before any of it is allocated, with the
-KV cache or without (pretrained/memory.py: generation_bytes). A --prompt-file is read up to PROMPT_FILE_LIMIT
-bytes (1 MB; the model sees at most block_size tokens of it anyway). `~` in a path flag is the home folder.
-Decisions: an empty prompt starts from a newline (char) or <|endoftext|> (BPE); characters that a
-char-level vocabulary lacks are refused, naming them; a prompt longer than block_size keeps its last
-block_size tokens, with a warning; a prompt may start with a dash (`--prompt "- item"`).
+./attn_dump, never into a run or a model folder (common/paths.py says what marks one): refused in one line
+before the model is built, as is a --num-samples whose generation cannot fit in memory (pretrained/memory.py:
+generation_bytes). `~` in a path flag is the home folder. What odd prompts do: docs/sampling.md (and a prompt
+may start with a dash: `--prompt "- item"`).
 """
 from __future__ import annotations
 
@@ -44,14 +40,13 @@ def default_checkpoint() -> Path:
         return Path("runs/small")
 
 
-def positive_or_none(value: float | None, name: str, low: float, high: float | None = None) -> None:
+def positive_or_none(value: float | None, name: str, low: float) -> None:
     if value is None:
         return
     if isinstance(value, float) and not math.isfinite(value):
         raise UserError(f"{name} must be a finite number, got {value}")
-    if value < low or (high is not None and value > high):
-        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise UserError(f"{name} must be {bound}, got {value}")
+    if value < low:
+        raise UserError(f"{name} must be >= {low}, got {value}")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -91,21 +86,15 @@ def attach_dash_prompt(argv: list[str], parser: argparse.ArgumentParser) -> list
     is missing and argparse says so."""
     options = [s for action in parser._actions for s in action.option_strings]
     out: list[str] = []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
+    for i, arg in enumerate(argv):
         if arg == "--":  # everything after is positional: leave it as written
-            out.extend(argv[i:])
-            break
-        if arg == "--prompt" and i + 1 < len(argv) and argv[i + 1].startswith("-"):
-            value = argv[i + 1]
-            name = value.split("=", 1)[0]
-            if not (len(name) > 1 and any(o.startswith(name) for o in options)):
-                out.append(f"--prompt={value}")
-                i += 2
-                continue
-        out.append(arg)
-        i += 1
+            return out + argv[i:]
+        name = arg.split("=", 1)[0]
+        option = len(name) > 1 and any(o.startswith(name) for o in options)
+        if out and out[-1] == "--prompt" and arg.startswith("-") and not option:
+            out[-1] = f"--prompt={arg}"
+        else:
+            out.append(arg)
     return out
 
 
@@ -151,7 +140,6 @@ def run(args: argparse.Namespace) -> int:
     if dtype == torch.float16 and device.type == "cpu":
         raise UserError("--dtype float16 is slow or unsupported on CPU: use bfloat16 or float32")
     prompt = read_prompt_file(args.prompt_file) if args.prompt_file is not None else args.prompt
-    # an attngpt checkpoint or run, a Hugging Face folder or a hub id (converted in memory)
     source = open_pretrained(args.ckpt or str(default_checkpoint()), hub=args.ckpt is not None)
     tokenizer, cfg = source.tokenizer, source.config
     ids = tokenizer.prompt_ids(prompt)
@@ -159,21 +147,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: the prompt has {len(ids)} tokens; the model sees at most block_size={cfg.block_size}, "
               f"so only its last {cfg.block_size} are used", file=sys.stderr)
         ids = ids[-cfg.block_size:]
-    dump_dir = None
-    if args.dump_attn is not None:  # a dump never goes into a run or model folder (a reader never writes there)
-        dump_dir = args.dump_dir or source.default_dump_dir()
+    dump_dir = (args.dump_dir or source.default_dump_dir()) if args.dump_attn is not None else None
+    if dump_dir is not None:  # a dump never goes into a run or model folder (a reader never writes there)
         check_outside_runs(dump_dir, "--dump-dir", "pass --dump-dir a folder outside it (the default is ./attn_dump)")
     model = source.build(device=device, dtype=dtype)  # refuses a model that cannot fit before building it
     cfg = model.config
-    # what generating allocates, with the cache or without (then every step runs the whole window), before any
-    # of it is: N samples at once can need far more than the model
+    # what generating allocates, checked before any of it is: N samples at once can need far more than the model
     needed = param_count(cfg) * dtype.itemsize + generation_bytes(
         cfg, args.num_samples, len(ids), args.max_new_tokens, dtype.itemsize, kv_cache=not args.no_kv_cache)
-    if needed > device_memory(device):
+    if needed > (available := device_memory(device)):
         what = ("the model and its KV cache" if not args.no_kv_cache
                 else "the model and the activations of the whole window at every step (--no-kv-cache)")
         raise UserError(f"not enough memory on {device} for {args.num_samples} sample(s) at once: {what} would "
-                        f"need at least {human_bytes(needed)}, the device has {human_bytes(device_memory(device))}: "
+                        f"need at least {human_bytes(needed)}, the device has {human_bytes(available)}: "
                         f"lower --num-samples or --max-new-tokens")
     idx = torch.tensor([ids], dtype=torch.long, device=device)
 
@@ -184,13 +170,12 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--dump-attn: {e}") from None
         internals = model.attention_internals(idx, layers=sorted(heads))  # weights, q, k, v, W_O
         scores, scores_note = prompt_head_scores(model, idx, tokenizer)  # every layer's roles and ablation
-        out_dir = dump_dir
         try:
-            written = dump_internals(internals, heads, tokenizer.token_strings(ids), out_dir, token_ids=ids,
+            written = dump_internals(internals, heads, tokenizer.token_strings(ids), dump_dir, token_ids=ids,
                                      options=ExplorerOptions(title=f"attention of {source.label}", n_layer=cfg.n_layer),
                                      scores=HeadScores(scores, scores_note))
         except OSError as e:  # a --dump-dir that is a file, or not writable
-            raise UserError(f"cannot write attention maps into '{out_dir}': {e.strerror or e}; "
+            raise UserError(f"cannot write attention maps into '{dump_dir}': {e.strerror or e}; "
                             f"pass a writable folder with --dump-dir") from None
         print(f"attention maps of layers {', '.join(map(str, sorted(heads)))} over {len(ids)} prompt tokens: "
               f"{', '.join(str(p) for p in written)}", file=sys.stderr)
@@ -252,12 +237,9 @@ class StreamPrinter:
     def __init__(self, tokenizer, prompt_ids: list[int]):
         self.tokenizer = tokenizer
         self.ids = list(prompt_ids)
-        self.n_prompt = len(prompt_ids)
-        self.printed = 0
+        self.printed = 0  # characters of the decoded text written so far
         self.stopped = False
-        sys.stdout.write(tokenizer.decode(self.ids))
-        self.printed = len(tokenizer.decode(self.ids))
-        sys.stdout.flush()
+        self._print()
 
     def push(self, token) -> None:
         if self.stopped:
@@ -267,17 +249,18 @@ class StreamPrinter:
             self.stopped = True
             return
         self.ids.append(token)
-        text = self.tokenizer.decode(self.ids)
-        if text.endswith("\ufffd"):
-            return  # maybe half a character: wait for the next token
-        sys.stdout.write(text[self.printed:])
-        sys.stdout.flush()
-        self.printed = len(text)
+        self._print(hold=True)
 
     def finish(self) -> None:
+        self._print(end="\n")
+
+    def _print(self, hold: bool = False, end: str = "") -> None:
         text = self.tokenizer.decode(self.ids)
-        sys.stdout.write(text[self.printed:] + "\n")
+        if hold and text.endswith("\ufffd"):
+            return  # maybe half a character: wait for the next token
+        sys.stdout.write(text[self.printed:] + end)
         sys.stdout.flush()
+        self.printed = len(text)
 
 
 if __name__ == "__main__":

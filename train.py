@@ -32,9 +32,8 @@ def main(argv: list[str] | None = None, exit_at_once_when_interrupted: bool = Fa
     needs them there: no checkpoint is being written outside the loop."""
     # a closed or full stdout or stderr does not stop a run: out_dir keeps what it prints
     console.install("train.py", goes_on="the run goes on; its out_dir keeps config.yaml and metrics.jsonl")
-    parser = ArgumentParser(
-        prog="train.py", description="Train a GPT from a YAML config.",
-        epilog="example: python train.py configs/small.yaml train.max_iters=200 wandb.mode=disabled")
+    parser = ArgumentParser(prog="train.py", description="Train a GPT from a YAML config.", epilog="example: "
+                            "python train.py configs/small.yaml train.max_iters=200 wandb.mode=disabled")
     parser.add_argument("config", help="path to a YAML config, e.g. configs/small.yaml")
     parser.add_argument("overrides", nargs="*", help="dotted overrides: section.key=value")
     args = parser.parse_args(argv)

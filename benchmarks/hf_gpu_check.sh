@@ -10,7 +10,7 @@
 # with transformers' save_pretrained: it checks the path (HF folder -> init_from -> bf16 + compile on CUDA ->
 # checkpoint -> sample -> export -> transformers), not the quality.
 #   1. benchmarks/hf_parity.py: logits, greedy tokens and sampling speed vs transformers, GPT-2 124M and a 1B Llama
-#   2. tests/pretrained/test_convert.py against the machine's own transformers version
+#   2. tests/pretrained/test_convert.py and tests/pretrained/hf/ against the machine's own transformers version
 #   3. configs/finetune-gpt2.yaml from that random GPT-2 folder, 40 steps; sample; --dump-attn; to-hf; logits
 set -u -o pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
@@ -30,7 +30,7 @@ step() {  # step LIMIT_S CMD...: run CMD with a time limit, count a failure
 {
 nvidia-smi -L
 step 240 "$PY" benchmarks/hf_parity.py --device cuda --models gpt2-124m,llama-1b --new-tokens 100
-step 150 "$PY" -m pytest -q -p no:cacheprovider tests/pretrained/test_convert.py
+step 150 "$PY" -m pytest -q -p no:cacheprovider tests/pretrained/test_convert.py tests/pretrained/hf
 step 120 "$PY" -c "
 import transformers
 from pathlib import Path

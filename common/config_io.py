@@ -4,17 +4,12 @@ Every value is checked against the dataclass field's annotation; an unknown key 
 closest valid key; a wrong type says which key, what it got and what it wants. All of it raises
 `UserError`, so a command line prints one line and exits 2.
 
-Dotted overrides (`key=value` on a command line): what an override's text means (`parse_override`),
-by the type of its key:
-- YAML's spellings of nothing -- an empty value, `null`, `Null`, `NULL`, `~` -- are null, for every key (an
-  optional string such as `attn.probe_text=null` is then None; a required one is refused as null);
-- any other value of a key that takes a string (`str`, a choice of strings) is the literal text, as the shell
-  passed it: `out_dir=runs/exp #2` is out_dir "runs/exp #2", quotes and spaces included. Except where the key
-  also takes another type the text spells in YAML: a list (`data.path=[a.txt, b.txt]`, text starting with `[`),
-  or true/false (`train.compile=true`);
-- a key of another type (numbers, booleans, lists, null, sections) is read as YAML, which is refused, naming the
-  key, when YAML would drop or change part of the text: a comment (`#...`) or a line break inside a value
-  (which YAML folds into a space);
+What an override's text means, by the type of its key (`parse_override`; docs/bad_inputs.md has examples):
+- YAML's spellings of nothing (NULL_TEXTS: empty, null, Null, NULL, ~) are null for every key (refused where required);
+- a key that takes a string (`str`, a choice of strings) gets the literal text, as the shell passed it
+  (`out_dir=runs/exp #2`), unless the text spells another type the key takes: a list (`[...]`) or true/false;
+- a key of another type reads the text as YAML, refused, naming the key, when YAML would drop or change part
+  of it: a comment (`#...`) or a line break inside a value (which YAML folds into a space);
 - a key the schema does not know keeps its literal text: it is refused by name when the config is built.
 
 Fields marked as paths (`field(metadata=PATH)`) have `~` expanded when the config is built, wherever the value
@@ -35,25 +30,20 @@ import yaml
 from common.errors import UserError
 from common.path_kind import path_kind
 from common.paths import expand_path
-from common.schema import Float, Int, Invalid, is_int, range_text
+from common.schema import Float, Int, Invalid, Nullable, check_fields, is_int, range_text
 
 PATH = {"path": True}  # dataclass field metadata: the value is a path (or a list of paths): `~` is expanded
 
 
 def check_ranges(section: Any, ranges: dict[str, Int | Float | tuple[Int | Float, str]]) -> None:
-    """Each field of `section` (a config dataclass) that `ranges` names within its range: a common/schema.py
-    number rule, or (rule, what a null or the unit means) whose text follows the range; a null passes (the
-    annotation says whether one may be given). Else ValueError "name=value: must be <range>", which from_dict
-    turns into one line naming the section. The same rule objects check untrusted JSON (common/schema.py)."""
+    """Each field of `section` that `ranges` names within its range: a common/schema.py number rule, or (rule,
+    what a null or the unit means) whose text follows the range; a null passes (the annotation says whether one
+    may be given). Else ValueError "name=value: must be <range>" (common/schema.py: check_fields)."""
+    rules = {}
     for name, rule in ranges.items():
         rule, note = rule if isinstance(rule, tuple) else (rule, "")
-        value = getattr(section, name)
-        if value is None:
-            continue
-        try:
-            rule.check(value, name)
-        except Invalid:
-            raise ValueError(f"{name}={value}: must be {range_text(rule)}{note}") from None
+        rules[name] = (Nullable(rule), f"{range_text(rule)}{note}")
+    check_fields(section, rules)
 
 
 def closest(name: str, choices: list[str], prefix: str = "") -> str:
@@ -95,17 +85,13 @@ def parse_yaml(text: str) -> Any:
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping; a missing, oversized or unreadable file, a syntax error or a duplicate key becomes
-    one clear line."""
+    """Read a YAML mapping; a missing, oversized or unreadable file, a syntax error or a duplicate key is one line."""
     p = Path(expand_path(str(path), "the config file's path"))
     found = path_kind(p)  # a regular file, or a stream (<(cat ...), /dev/stdin) read up to the limit below
-    if found.kind == "directory":
-        raise UserError(f"config file '{path}' is a directory: pass the path to a YAML file in it, e.g. "
-                        f"configs/small.yaml")
-    if found.kind == "missing":
-        raise UserError(f"config file '{path}' not found: pass the path to a YAML file, e.g. configs/small.yaml")
     if found.kind not in ("file", "stream"):
-        raise UserError(f"config file '{path}' {found.says}: pass the path to a YAML file, e.g. configs/small.yaml")
+        says = "not found" if found.kind == "missing" else found.says
+        in_it = " in it" if found.kind == "directory" else ""
+        raise UserError(f"config file '{path}' {says}: pass the path to a YAML file{in_it}, e.g. configs/small.yaml")
     try:
         with open(p, "rb") as f:
             data = f.read(MAX_CONFIG_BYTES + 1)
@@ -121,10 +107,8 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     except RecursionError:
         raise UserError(f"config file '{path}' nests lists or mappings too deeply to read") from None
     except yaml.YAMLError as e:
-        where = ""
         mark = getattr(e, "problem_mark", None)
-        if mark is not None:
-            where = f" at line {mark.line + 1}, column {mark.column + 1}"
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise UserError(f"config file '{path}' is not valid YAML{where}: {problem}") from None
     except UnicodeDecodeError:
@@ -154,20 +138,15 @@ def check_shape(value: Any, what: str) -> None:
                             f"its own anchor, like &a [*a]?): no setting needs that")
         if count > MAX_VALUES:
             raise UserError(f"{what} holds more than {MAX_VALUES:,} values once its YAML aliases are expanded")
-        if isinstance(node, dict):
-            stack.extend((child, depth + 1) for child in node.values())
-        elif isinstance(node, list):
-            stack.extend((child, depth + 1) for child in node)
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        stack.extend((child, depth + 1) for child in children)
 
 
 def from_dict(cls: type, raw: Any, where: str = "") -> Any:
-    """Build dataclass `cls` from a mapping, checking keys and value types recursively.
-
-    `where` is the dotted prefix used in messages ('train.'), so errors name the full key.
-    A `ValueError` from the dataclass's own `__post_init__` becomes a `UserError` too.
-    """
-    if raw is None:
-        raw = {}
+    """Build dataclass `cls` from a mapping, checking keys and value types recursively; `where` is the dotted
+    prefix that messages put before a key ('train.'). A ValueError from the dataclass's __post_init__ becomes a
+    UserError too."""
+    raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         raise UserError(f"'{where.rstrip('.') or 'config'}' must be a mapping of keys, got {_show(raw)}")
     hints = typing.get_type_hints(cls)
@@ -203,14 +182,11 @@ def coerce(annotation: Any, value: Any, key: str) -> Any:
         options = typing.get_args(annotation)
         if value is None and type(None) in options:
             return None
-        errors = []
-        for option in options:
-            if option is type(None):
-                continue
+        for option in (o for o in options if o is not type(None)):
             try:
                 return coerce(option, value, key)
-            except UserError as e:
-                errors.append(str(e))
+            except UserError:
+                pass
         raise UserError(f"'{key}' got {_show(value)}; expected {_type_name(annotation)}")
     if origin is typing.Literal:
         choices = typing.get_args(annotation)
@@ -256,10 +232,8 @@ def coerce(annotation: Any, value: Any, key: str) -> Any:
             raise UserError(f"'{key}' got {_show(value)}; expected a finite number")
         return number
     if annotation is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)  # a number where text is expected (`name: 2024`) is its text
         raise UserError(f"'{key}' got {_show(value)}; expected a string")
     raise TypeError(f"config_io cannot check annotation {annotation!r} of '{key}'")  # a bug, not user input
 
@@ -316,20 +290,16 @@ def parse_override(text: str, schema: type | None = None) -> tuple[list[str], An
     if annotation is None:  # not a key of the schema: from_dict names it (and the closest valid one)
         return path, raw
     accepted = _accepted_kinds(annotation)
-    if "str" in accepted:
-        if "list" in accepted and raw.lstrip().startswith("["):
-            value = _yaml_value(key, raw)
-            return path, value if isinstance(value, list) else raw
-        if "bool" in accepted:
-            value = _yaml_value(key, raw)
-            return path, value if isinstance(value, bool) else raw
-        return path, raw
-    return path, _yaml_value(key, raw)
+    if "str" not in accepted:
+        return path, _yaml_value(key, raw)
+    # text, unless it spells in YAML the other type the key takes: a list ([...]) or true/false
+    other = list if "list" in accepted and raw.lstrip().startswith("[") else bool if "bool" in accepted else None
+    value = _yaml_value(key, raw) if other else raw
+    return path, value if other and isinstance(value, other) else raw
 
 
 def annotation_at(schema: type, path: list[str]) -> Any:
-    """The annotation of the dotted key `path` in dataclass `schema` (a section's dataclass for a section),
-    or None when the key is not one of it."""
+    """The annotation of the dotted key `path` in dataclass `schema` (a section's: its dataclass), or None if none."""
     node: Any = schema
     for part in path:
         if not dataclasses.is_dataclass(node):

@@ -14,12 +14,9 @@ def torch_version() -> tuple[int, int]:
 def resolve_device(name: str, setting: str = "device=") -> torch.device:
     """'auto' -> cuda > mps > cpu; an explicit device that this machine lacks is a UserError, whose advice
     is written as the caller's user sets a device: `setting` + value ("device=cpu", "--device cpu")."""
+    mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
     if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
+        return torch.device("cuda" if torch.cuda.is_available() else "mps" if mps else "cpu")
     try:
         device = torch.device(name)
     except RuntimeError:
@@ -31,7 +28,7 @@ def resolve_device(name: str, setting: str = "device=") -> torch.device:
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise UserError(f"device '{name}': this machine has {torch.cuda.device_count()} GPU(s)")
     elif device.type == "mps":
-        if not (getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()):
+        if not mps:
             raise UserError(f"device '{name}' asked for, but MPS is not available here: use {setting}cpu")
     elif device.type != "cpu":
         raise UserError(f"device '{name}' is not supported: use auto, cpu, cuda, cuda:N or mps")

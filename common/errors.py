@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Iterator, NoReturn
 
 EXIT_USAGE = 2
-# a write that failed for want of room: the cause in words (what the user has to fix is the disk, not the file)
-# and the fix
+# a write that failed for want of room: the cause in words (the disk is what needs fixing, not the file), the fix
 NO_ROOM = {errno.ENOSPC: ("the disk is full", "free space on that disk, or write somewhere with room"),
            errno.EDQUOT: ("the disk quota is used up", "free space within the quota, or write somewhere with room"),
            errno.EFBIG: ("the file reached the file-size limit", "raise the limit (ulimit -f), or write less")}
@@ -66,8 +65,7 @@ def user_errors_exit(prog: str, also: tuple[type[BaseException], ...] = ()) -> I
         error = out_of_room(e) if isinstance(e, OSError) and not isinstance(e, also) else e
         if error is None:
             raise
-        message = " ".join(str(error).split("\n"))
-        print(f"{prog}: error: {message}", file=sys.stderr)
+        print(f"{prog}: error: " + str(error).replace("\n", " "), file=sys.stderr)  # one line, always
         sys.exit(EXIT_USAGE)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)

@@ -41,17 +41,17 @@ class MissingFileError(FileContentError):
     """The file is not there (or vanished since it was found)."""
 
 
-def human_size(n: int) -> str:
-    for unit in ("bytes", "kB", "MB", "GB", "TB", "PB"):
-        if n < 1000 or unit == "PB":
-            return f"{n:,} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+def human_size(n: float, units: tuple[str, ...] = ("bytes", "kB", "MB", "GB", "TB", "PB")) -> str:
+    """'512 bytes', '1.5 MB': powers of 1000, `units` from the smallest to the largest."""
+    for unit in units:
+        if n < 1000 or unit == units[-1]:
+            return f"{int(n)} {unit}" if unit == units[0] else f"{n:.1f} {unit}"
         n /= 1000
     raise AssertionError("unreachable")
 
 
 def read_bounded(path: str | Path, limit: int, what: str) -> bytes:
-    """The bytes of `path`, at most `limit` of them (module doc); `what` names the file in messages
-    ('config.json', 'tokenizer.json')."""
+    """The bytes of `path`, at most `limit` of them (module doc); `what` names the file in messages ('config.json')."""
     path = Path(path)
     try:
         size = os.stat(path).st_size
@@ -112,5 +112,4 @@ def parse_json(data: str | bytes, what: str, path: str | Path) -> Any:
 
 
 def read_json(path: str | Path, limit: int, what: str) -> Any:
-    """read_bounded + parse_json."""
     return parse_json(read_bounded(path, limit, what), what, path)

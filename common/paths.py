@@ -44,8 +44,7 @@ MODEL_FILES = ("model.safetensors", "model.safetensors.index.json", "train_state
 
 
 def expand_path(text: str, setting: str) -> str:
-    """`text` with a leading `~` or `~user` expanded (os.path.expanduser); `setting` names where it came from,
-    for the message that refuses a NUL character."""
+    """`text` with a leading `~` or `~user` expanded (module doc); `setting` names where it came from."""
     if "\x00" in text:
         raise UserError(f"{setting} holds a NUL character ({text[:60]!r}), which no path can hold: give a real path")
     try:  # bytes that are not UTF-8 arrive from the command line as lone surrogates (surrogateescape)
@@ -58,8 +57,7 @@ def expand_path(text: str, setting: str) -> str:
 
 def path_argument(setting: str) -> Callable[[str], Path]:
     """An argparse `type=` for a path flag: expand_path's Path, its refusal as argparse's one-line error."""
-    parse_text = path_text_argument(setting)
-    return lambda text: Path(parse_text(text))
+    return lambda text: Path(path_text_argument(setting)(text))
 
 
 def path_text_argument(setting: str) -> Callable[[str], str]:
@@ -76,18 +74,13 @@ def _marks(folder: Path, model_files: bool = True) -> str | None:
     """Why `folder` is a run or model folder, or None; model_files=False: a run's marks only."""
     if (folder / RUN_LOCK).exists():
         return f"it holds {RUN_LOCK}, a training run's lock"
-    weights = MODEL_FILES[0]
-    if (folder / RUN_CONFIG).is_file() and any((folder / name / weights).is_file() for name in CHECKPOINT_NAMES):
+    if (folder / RUN_CONFIG).is_file() and any((folder / name / MODEL_FILES[0]).is_file() for name in CHECKPOINT_NAMES):
         return f"it holds a run's {RUN_CONFIG} beside its checkpoints"
-    for name in MODEL_FILES if model_files else ():
-        if (folder / name).exists():
-            return f"it holds {name}"
-    return None
+    return next((f"it holds {name}" for name in MODEL_FILES if model_files and (folder / name).exists()), None)
 
 
 def enclosing_run(path: str | Path, own_mark: str | None = None) -> tuple[Path, str] | None:
-    """(the run or model folder `path` lies in, why it is one), or None: the module doc says what marks one.
-    own_mark: see check_outside_runs."""
+    """(the run or model folder `path` lies in, why it is one) or None (module doc); own_mark: check_outside_runs."""
     resolved = Path(path).expanduser().resolve()
     ours = own_mark is not None and is_own_folder(resolved, own_mark)
     for folder in (resolved, *resolved.parents):

@@ -64,6 +64,21 @@ class Schema:
         raise NotImplementedError
 
 
+def check_fields(record: Any, rules: dict[str, "Schema | tuple[Schema, str]"]) -> None:
+    """Each field of `record` (a config dataclass) that `rules` names, by its rule: a Schema, or (Schema, the
+    words a message says it in; by default the rule's own describe()). The first field that breaks its rule
+    raises ValueError "name=value: must be <words>", which a config's reader turns into one line naming the
+    section. Config sections and model configs (model/config.py, common/config_io.py: check_ranges) are checked
+    by the same rule objects as untrusted JSON."""
+    for name, rule in rules.items():
+        rule, words = rule if isinstance(rule, tuple) else (rule, rule.describe())
+        value = getattr(record, name)
+        try:
+            rule.check(value, name)
+        except Invalid:
+            raise ValueError(f"{name}={value!r}: must be {words}") from None
+
+
 @dataclass(frozen=True)
 class Int(Schema):
     low: int | None = None

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import errno
 import os
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, Union
 
@@ -43,32 +43,21 @@ Content = Union[bytes, str, Callable[[BinaryIO], None]]
 _owned: list[Path] = []  # the folders this process writes, innermost last (`owning`)
 
 
-def _owned_by_us(folder: Path) -> bool:
-    return any(folder == root or root in folder.parents for root in _owned)
-
-
 def _check_folder(folder: Path, refused: Callable[[Path, str], str]) -> None:
     """Rule 1 (module doc) for something written into `folder`: the nearest run or model folder holding it,
     if any, is one this process writes. `refused(that folder, why it is one)` says what is refused."""
     found = enclosing_run(folder)
-    if found is not None and not _owned_by_us(found[0]):
+    if found is not None and not any(found[0] == root or root in found[0].parents for root in _owned):
         raise UserError(refused(*found))
-
-
-def _check_root(root: str | Path, what: str = "the folder") -> None:
-    """Refuse (UserError) a folder to write that lies inside a run or model folder this process does not
-    write (module doc: `owning`)."""
-    root = Path(root).expanduser().resolve()
-    _check_folder(root.parent, lambda folder, reason: (
-        f"{what} '{root}' lies inside the run or model folder '{folder}' ({reason}), whose saves replace what "
-        f"it holds: choose a folder outside it"))
 
 
 @contextmanager
 def owning(root: str | Path, what: str = "the folder") -> Iterator[Path]:
     """The block writes `root` (module doc); yields it resolved."""
-    _check_root(root, what)
     resolved = Path(root).expanduser().resolve()
+    _check_folder(resolved.parent, lambda folder, reason: (
+        f"{what} '{resolved}' lies inside the run or model folder '{folder}' ({reason}), whose saves replace what "
+        f"it holds: choose a folder outside it"))
     _owned.append(resolved)
     try:
         yield resolved
@@ -77,8 +66,7 @@ def owning(root: str | Path, what: str = "the folder") -> Iterator[Path]:
 
 
 def _target(path: str | Path) -> Path:
-    """`path` made absolute (its folder resolved; the name itself not: it may be a link, to be replaced), after
-    rule 1 of the module doc."""
+    """`path` made absolute after rule 1 (module doc): its folder resolved, not its name (a link there is replaced)."""
     path = Path(path).expanduser()
     target = path.parent.resolve() / path.name
     _check_folder(target.parent, lambda folder, reason: (
@@ -94,16 +82,14 @@ def fsync_dir(folder: str | Path) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        with suppress(OSError):
+            os.fsync(fd)
     finally:
         os.close(fd)
 
 
 def write_file(path: str | Path, content: Content) -> Path:
-    """Write `content` to `path` whole, through a temporary file, fsync and rename (module doc); returns the
-    target's absolute path."""
+    """Write `content` to `path` whole (module doc); returns the target's absolute path."""
     with writing(path) as f:
         if callable(content):
             content(f)
@@ -138,8 +124,7 @@ def writing(path: str | Path) -> Iterator[BinaryIO]:
 
 
 def append_text(path: str | Path, text: str) -> None:
-    """Append the lines of `text` (a final newline added) to the log at `path`, ending a torn last line first
-    (module doc)."""
+    """Append the lines of `text` (a final newline added) to the log at `path`, a torn last line ended first."""
     target = _target(path)
     try:
         fd = os.open(target, os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)

@@ -139,12 +139,9 @@ class DataConfig:
 
     def text_paths(self) -> list[str]:
         """`path` as a list (empty when unset)."""
-        if self.path is None:
-            return []
-        return [self.path] if isinstance(self.path, str) else list(self.path)
+        return [] if self.path is None else [self.path] if isinstance(self.path, str) else list(self.path)
 
     def data_file_list(self) -> list[str] | None:
         """`data_files` as a list, or None when unset."""
-        if self.data_files is None:
-            return None
-        return [self.data_files] if isinstance(self.data_files, str) else list(self.data_files)
+        files = self.data_files
+        return None if files is None else [files] if isinstance(files, str) else list(files)

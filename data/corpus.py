@@ -16,8 +16,6 @@ LOCAL_BUILDERS = ("parquet", "json", "csv", "text", "arrow")
 
 @dataclass
 class Corpus:
-    """A resolved source: what to load, how to describe it, and what identifies its content."""
-
     kind: Literal["text", "documents"]
     label: str  # short name for the prepared folder, e.g. "tinyshakespeare"
     description: str  # one line for meta.json and messages

@@ -5,8 +5,8 @@ or a non-GPT-2 tiktoken encoding, below) reads that file back. A GPT-2 checkpoin
 are GPT-2's (checked entry by entry against tiktoken's, whichever of tokenizer.json / vocab.json + merges.txt
 it ships) uses attngpt's tiktoken "gpt2" encoding: the same ids and the fast encoder. Any other checkpoint
 uses its own tokenizer.json through the `tokenizers` library (HFTokenizer), with its end-of-sequence and
-beginning-of-sequence ids taken from tokenizer_config.json, else config.json / generation_config.json. Every file is bounded in size and
-checked for its structure before it is used (data/tokenizer_files.py).
+beginning-of-sequence ids taken from tokenizer_config.json, else config.json / generation_config.json (every
+file bounded in size and checked for its structure before it is used: data/tokenizer_files.py).
 
 Writing (`hf_tokenizer_files`), beside an exported model:
     tiktoken gpt2       vocab.json + merges.txt (rebuilt from tiktoken's ranks: identical to GPT-2's own
@@ -25,8 +25,8 @@ from common.errors import UserError
 from common.json_file import read_bounded, read_json
 from common.schema import Fields, Int, Str, check, is_int
 from data.tokenizer import CharTokenizer, HFTokenizer, TiktokenTokenizer, byte_level_alphabet, tokenizer_from_json
-from data.tokenizer_files import (SMALL_FILE_BYTES, TOKENIZER_FILE_BYTES, merges_of, read_generation_config,
-                                  read_merges_txt, read_tokenizer_config, read_tokenizer_json, read_vocab_json)
+from data.tokenizer_files import (SMALL_FILE_BYTES, TOKENIZER_FILE_BYTES, merges_of, read_checked, read_merges_txt,
+                                  read_tokenizer_json)
 
 GPT2_ENCODINGS = ("gpt2", "r50k_base")  # the same ranks and pre-tokenizer
 EOT_TEXT = "<|endoftext|>"
@@ -85,14 +85,14 @@ def _folder_bpe(folder: Path) -> tuple[dict[str, int], tuple[str, ...] | None] |
     """The folder's (token -> id map, merges) if it ships a tokenizer: tokenizer.json's model vocab + added
     tokens and its merges, else vocab.json and merges.txt (None where absent); None without either file."""
     if (folder / "tokenizer.json").is_file():
-        _, spec = read_tokenizer_json(folder / "tokenizer.json")
+        spec = read_tokenizer_json(folder / "tokenizer.json")
         vocab = dict(spec["model"]["vocab"]) if isinstance(spec["model"]["vocab"], dict) else {}
         for added in spec.get("added_tokens") or []:
             vocab[added["content"]] = added["id"]
         return vocab, merges_of(spec)
     if (folder / "vocab.json").is_file():
         merges = read_merges_txt(folder / "merges.txt") if (folder / "merges.txt").is_file() else None
-        return read_vocab_json(folder / "vocab.json"), merges
+        return read_checked(folder / "vocab.json"), merges
     return None
 
 
@@ -109,13 +109,9 @@ def _config_id(value: Any) -> int | None:
 
 def special_ids(folder: Path, hf_config: dict[str, Any], tok: HFTokenizer) -> tuple[int | None, int | None]:
     """(eos, bos) ids of the checkpoint in `folder`."""
-    eos = bos = None
-    if (folder / "tokenizer_config.json").is_file():
-        tcfg = read_tokenizer_config(folder / "tokenizer_config.json")
-        eos, bos = _token_id(tcfg.get("eos_token"), tok), _token_id(tcfg.get("bos_token"), tok)
-    gen = read_generation_config(folder / "generation_config.json") \
-        if (folder / "generation_config.json").is_file() else {}
-    for source in (hf_config, gen):
+    tcfg = read_checked(folder / "tokenizer_config.json")
+    eos, bos = _token_id(tcfg.get("eos_token"), tok), _token_id(tcfg.get("bos_token"), tok)
+    for source in (hf_config, read_checked(folder / "generation_config.json")):
         eos = eos if eos is not None else _config_id(source.get("eos_token_id"))
         bos = bos if bos is not None else _config_id(source.get("bos_token_id"))
     valid = range(tok.vocab_size)

@@ -3,9 +3,8 @@
 Why this shape: like nanoGPT's get_batch, each batch is `batch_size` windows of `block_size + 1` tokens at
 uniformly random offsets of one flat token stream; `x` is a window's first block_size tokens and `y` the same
 window shifted by one (the next-token targets). On top of that:
-- Shards: the stream is the split's shard files read in order as one (data/shards.py); a window may
-  straddle two shards and is read exactly as from a single file, so the batches of a seed do not depend
-  on how the split is sharded (a one-file split gives nanoGPT-style offsets into that file).
+- Shards: the stream is the split's shard files read in order as one (data/shards.py: why a window may
+  straddle two); a one-file split gives nanoGPT-style offsets into that file.
 - Determinism: the offsets of global batch number g come from a PCG64 generator seeded by (seed, split, g),
   so a seed fixes the whole stream and train and val streams differ.
 - DDP: rank r of world_size W draws global batches r, r + W, r + 2W, ...: every rank draws its own
@@ -13,12 +12,10 @@ window shifted by one (the next-token targets). On top of that:
   micro-batches sees in the same step (so their losses agree, tests/training/test_parallel_ddp.py).
 - Resumption: the position in the stream is one number, the batches drawn (`state_dict()`, plain JSON);
   `load_state_dict()` continues exactly where the saved run was.
-- The memmaps are re-opened for every batch (as nanoGPT does): a long-lived np.memmap keeps every page it
-  ever touched mapped, which shows up as ever-growing memory on big corpora.
+- The memmaps are re-opened for every batch, as nanoGPT does (data/shards.py: TokenStream says why).
 - Ids: with `vocab_size` given, every batch is checked to hold only ids below it before it leaves here
   (a max over B*(T+1) ids), so a damaged shard stops the run with one line instead of reaching the
   embedding.
-On CUDA, batches go through pinned memory and are copied with non_blocking=True.
 
 This is the one module of data/ that needs torch (it hands tensors to the training loop).
 """
@@ -33,7 +30,7 @@ import numpy as np
 import torch
 
 from common.errors import UserError
-from data.shards import Shard, SplitFiles, TokenStream
+from data.shards import REPREPARE, Shard, SplitFiles, TokenStream
 
 
 class BatchLoader:
@@ -79,19 +76,16 @@ class BatchLoader:
         self._split_key = zlib.crc32(self.split.encode("utf-8"))  # stable across runs, unlike hash()
         self.batches_drawn = 0
 
-    def _rng_for(self, global_batch: int) -> np.random.Generator:
-        return np.random.Generator(np.random.PCG64(
-            np.random.SeedSequence(entropy=self.seed, spawn_key=(self._split_key, global_batch))))
-
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """x, y: (batch_size, block_size) int64 on `device`; y[b, t] is the token after x[b, t]."""
-        rng = self._rng_for(self.batches_drawn * self.world_size + self.rank)
+        global_batch = self.batches_drawn * self.world_size + self.rank
+        rng = np.random.Generator(np.random.PCG64(
+            np.random.SeedSequence(entropy=self.seed, spawn_key=(self._split_key, global_batch))))
         starts = rng.integers(0, self.n_tokens - self.block_size, size=self.batch_size)  # (B,)
         windows = self.stream.windows(starts, self.block_size + 1).astype(np.int64)  # (B, T+1)
         if self.vocab_size is not None and int(windows.max()) >= self.vocab_size:
             raise UserError(f"the {self.split} data holds token id {int(windows.max())}, but the tokenizer has only "
-                            f"{self.vocab_size} ids: the prepared folder of '{self.path}' is damaged; prepare it "
-                            f"again with `python -m data.prepare CONFIG --force`")
+                            f"{self.vocab_size} ids: the prepared folder of '{self.path}' is damaged; {REPREPARE}")
         self.batches_drawn += 1
         x = torch.from_numpy(np.ascontiguousarray(windows[:, :-1]))  # (B, T)
         y = torch.from_numpy(np.ascontiguousarray(windows[:, 1:]))  # (B, T)

@@ -4,13 +4,12 @@ Why passes: a character vocabulary must be known before anything is encoded, and
 needs the corpus length, so a continuous text is scanned once (counting characters, collecting the
 character set, and noting where the safe cuts are) before it is encoded.
 
-A continuous text (tinyshakespeare, local text files) is encoded through `Dataset.map(batched=True,
-num_proc=N)` over its pieces (one process per shard of pieces; output order and content do not depend on
-N), writing token lists to an Arrow file in the work folder, which is then copied in order onto the split's
-token shards (`ShardWriter`). A streamed text is read a piece at a time and encoded in this process.
-Nothing ever holds more than one batch (or one ~256K-character piece) of text in memory. An interrupted
-text prepare starts over: corpora that take long to encode are document corpora (jsonl, parquet, the
-hub), which data/sharded.py encodes part by part, in parallel and resumably.
+A continuous text (tinyshakespeare, local text files) is encoded by `Dataset.map(num_proc=N)` over its
+pieces into an Arrow file in the work folder (output order and content do not depend on N), then copied in
+order onto the split's shards (`ShardWriter`); a streamed text, a piece at a time in this process. No more
+than one batch (or one ~256K-character piece) of text is ever held in memory. An interrupted text prepare
+starts over: corpora that take long to encode are document corpora (jsonl, parquet, the hub), which
+data/sharded.py encodes part by part, in parallel and resumably.
 
 Documents are each followed by a separator so the model sees where one ends: `<|endoftext|>` with BPE,
 a line break with the char tokenizer (which has no special tokens).
@@ -28,9 +27,9 @@ import numpy as np
 from tqdm import tqdm
 
 from common.errors import UserError
-from common.writes import write_file, writing
+from common.writes import writing
 from data.corpus import Corpus
-from data.source_errors import read_errors
+from data.source_errors import corpus_errors
 from data.shards import shard_name
 from data.splitting import group_rows, split_piece, text_split_point
 from data.tokenizer import CharTokenizer, HFTokenizer, TiktokenTokenizer, tokenizer_from_json
@@ -59,20 +58,19 @@ class BinCounts:
 @dataclass(frozen=True)
 class EncodeSettings:
     """How a prepare encodes its corpus, a continuous text (write_text_shards) or documents
-    (data.sharded.encode_documents_sharded) alike: the tokenizer the config names (tokenizer_name), or
-    `fixed` in its place (a pretrained model's; a char vocabulary is kept as it is, not rebuilt from the
-    corpus); the share held out for val; worker processes; and whether progress bars are hidden. One
-    record because data.prepare reads them from one DataConfig and both encoders need every one."""
+    (data.sharded.encode_documents_sharded) alike, read from one DataConfig: the tokenizer the config names,
+    or `fixed` in its place (a pretrained model's; a char vocabulary is kept as it is, not rebuilt)."""
     tokenizer_name: str
     val_fraction: float
     num_proc: int = 1
     quiet: bool = False
     fixed: AnyTokenizer | None = None
 
-
-def write_ids(path: Path, ids: np.ndarray) -> None:
-    """Write one whole token file (common/writes.py: never seen half-written)."""
-    write_file(path, ids.tofile)
+    def given_tokenizer(self) -> AnyTokenizer | None:
+        """The tokenizer to encode with, or None where it is built from the corpus's own characters."""
+        if self.fixed is not None:
+            return self.fixed
+        return TiktokenTokenizer(self.tokenizer_name) if self.tokenizer_name != "char" else None
 
 
 class ShardWriter:
@@ -111,22 +109,6 @@ class ShardWriter:
     def close(self) -> list[dict[str, Any]]:
         self._finish()
         return self.entries
-
-
-class SplitWriters:
-    """A ShardWriter per split, with the counts of what was written."""
-
-    def __init__(self, folder: Path, dtype: np.dtype, shard_tokens: int | None = None) -> None:
-        self.dtype = dtype
-        self.writers = {split: ShardWriter(folder, split, dtype, shard_tokens) for split in ("train", "val")}
-        self.counts = BinCounts()
-
-    def write(self, split: str, ids: Any) -> None:
-        self.writers[split].write(ids)
-        self.counts.tokens[split] = self.writers[split].tokens
-
-    def close(self) -> dict[str, list[dict[str, Any]]]:
-        return {split: writer.close() for split, writer in self.writers.items()}
 
 
 # --- encoding functions (run inside datasets.map workers, so they rebuild the tokenizer from JSON) ---------
@@ -222,22 +204,14 @@ def write_text_shards(corpus: Corpus, rows: Any, work_dir: Path, settings: Encod
     """Encode a continuous text (`rows`: a Dataset or IterableDataset of lines in a "text" column) into
     token shards in work_dir. Returns the tokenizer, the counts, and meta.json's shard entries per split.
     A fixed char vocabulary (settings.fixed) refuses text outside it."""
-    fixed = settings.fixed
-    if fixed is not None:
-        bpe = None if isinstance(fixed, CharTokenizer) else fixed
-    else:
-        bpe = TiktokenTokenizer(settings.tokenizer_name) if settings.tokenizer_name != "char" else None
-    chars = fixed if isinstance(fixed, CharTokenizer) else None
-    with read_errors(corpus, work_dir):
-        return _write_text(corpus, rows, work_dir, settings, bpe, chars)
+    with corpus_errors(corpus, work_dir, reading=True):
+        return _write_text(corpus, rows, work_dir, settings)
 
 
-def _write_text(corpus: Corpus, rows: Any, work_dir: Path, settings: EncodeSettings,
-                bpe: TiktokenTokenizer | HFTokenizer | None, fixed_chars: CharTokenizer | None = None
+def _write_text(corpus: Corpus, rows: Any, work_dir: Path, settings: EncodeSettings
                 ) -> tuple[AnyTokenizer, BinCounts, dict[str, list[dict[str, Any]]]]:
-    """write_text_shards' work, bpe (or else fixed_chars, or else the corpus's own characters) being the
-    tokenizer chosen from `settings`."""
     val_fraction, num_proc, quiet = settings.val_fraction, settings.num_proc, settings.quiet
+    given = settings.given_tokenizer()
     streaming = _is_streaming(rows)
     # pass 1: length, character set and piece boundaries
     chars: set[str] = set()
@@ -245,7 +219,7 @@ def _write_text(corpus: Corpus, rows: Any, work_dir: Path, settings: EncodeSetti
     ranges: dict[str, list[int]] = {"start_row": [], "stop_row": [], "start_char": []}
     with tqdm(desc="scan text", unit="char", unit_scale=True, disable=quiet) as bar:
         for piece in group_rows(_iter_rows(rows)):
-            if bpe is None:
+            if given is None:
                 chars.update(piece.text)
             if not streaming:
                 ranges["start_row"].append(piece.start_row)
@@ -259,31 +233,35 @@ def _write_text(corpus: Corpus, rows: Any, work_dir: Path, settings: EncodeSetti
     if split_at == 0 or split_at == total:
         raise UserError(f"the corpus {corpus.description} has only {total} characters: too few for a train and a "
                         f"val split with val_fraction {val_fraction}; use more text")
-    tok: AnyTokenizer = bpe if bpe is not None else fixed_chars or CharTokenizer("".join(chars))
-    writer = SplitWriters(work_dir, bin_dtype(tok.vocab_size), SHARD_TOKENS)
+    tok: AnyTokenizer = given if given is not None else CharTokenizer("".join(chars))
+    dtype = bin_dtype(tok.vocab_size)
+    writers = {split: ShardWriter(work_dir, split, dtype, SHARD_TOKENS) for split in ("train", "val")}
     try:
         # pass 2: encode each piece (train part / val part) and append
         if streaming:
             with tqdm(total=total, desc="encode text", unit="char", unit_scale=True, disable=quiet) as bar:
                 for piece in group_rows(_iter_rows(rows)):
                     train_text, val_text = split_piece(piece.text, piece.start_char, split_at)
-                    writer.write("train", encode_text(tok, train_text))
-                    writer.write("val", encode_text(tok, val_text))
+                    writers["train"].write(encode_text(tok, train_text))
+                    writers["val"].write(encode_text(tok, val_text))
                     bar.update(len(piece.text))
         else:
             import datasets
 
             table = datasets.Dataset.from_dict(ranges)
-            with _environ_kept():
+            ids = datasets.List(datasets.Value(dtype.name))
+            with _environ_kept():  # output to the work folder as typed token lists, never from a stale cache
                 encoded = table.map(_encode_text_ranges, batched=True, batch_size=1, writer_batch_size=4,
                                     fn_kwargs={"lines": rows, "tokenizer": tok.to_json(), "split_at": split_at},
-                                    **_map_kwargs(work_dir, writer.dtype, num_proc, table.column_names))
-            _copy_encoded(encoded, writer, batch_size=4, quiet=quiet)
+                                    features=datasets.Features({"train": ids, "val": ids}), desc="encode",
+                                    remove_columns=table.column_names, num_proc=num_proc if num_proc > 1 else None,
+                                    cache_file_name=str(work_dir / "encoded.arrow"), load_from_cache_file=False,
+                                    new_fingerprint=f"attngpt-{os.getpid()}-{id(work_dir)}")
+            _copy_encoded(encoded, writers, batch_size=4, quiet=quiet)
     finally:
-        shards = writer.close()
-    writer.counts.characters = total
-    writer.counts.documents = {}  # one continuous text: pieces are not documents
-    return tok, writer.counts, shards
+        shards = {split: writer.close() for split, writer in writers.items()}
+    tokens = {split: writer.tokens for split, writer in writers.items()}
+    return tok, BinCounts(tokens, documents={}, characters=total), shards  # one text: its pieces are not documents
 
 
 @contextmanager
@@ -308,26 +286,13 @@ def _environ_kept() -> Iterator[None]:
             environ["TOKENIZERS_PARALLELISM"] = parallelism
 
 
-def _map_kwargs(work_dir: Path, dtype: np.dtype, num_proc: int, input_columns: list[str]) -> dict[str, Any]:
-    """Shared datasets.map settings: output to the work folder, typed token lists, never a stale cache."""
-    import datasets
-
-    ids = datasets.List(datasets.Value(dtype.name))
-    return {"features": datasets.Features({"train": ids, "val": ids}), "remove_columns": input_columns,
-            "num_proc": num_proc if num_proc > 1 else None, "cache_file_name": str(work_dir / "encoded.arrow"),
-            "load_from_cache_file": False, "new_fingerprint": f"attngpt-{os.getpid()}-{id(work_dir)}",
-            "desc": "encode"}
-
-
-def _copy_encoded(encoded: Any, writer: SplitWriters, batch_size: int, quiet: bool) -> None:
+def _copy_encoded(encoded: Any, writers: dict[str, ShardWriter], batch_size: int, quiet: bool) -> None:
     """Append the map output's token lists, in row order, to the shards (zero-copy from Arrow)."""
     import pyarrow.compute as pc
 
     with tqdm(total=len(encoded), desc="write shards", unit="row", unit_scale=True, disable=quiet) as bar:
         for table in encoded.with_format("arrow").iter(batch_size=batch_size):
-            for split in ("train", "val"):
-                column = table.column(split)
-                writer.counts.documents[split] += int(pc.sum(pc.greater(pc.list_value_length(column), 0)).as_py() or 0)
-                for chunk in pc.list_flatten(column).chunks:
-                    writer.write(split, chunk.to_numpy(zero_copy_only=False))
+            for split, writer in writers.items():
+                for chunk in pc.list_flatten(table.column(split)).chunks:
+                    writer.write(chunk.to_numpy(zero_copy_only=False))
             bar.update(table.num_rows)

@@ -10,9 +10,8 @@ dataset its name, config, split, column, data_files and max_docs), the name, siz
 each of its local files (data/sources.py: not modification times, so a copied data folder is still recognised
 when its paths stay the same), the tokenizer, the split settings and TOKENS_VERSION (not num_proc or
 streaming: they do not change the tokens). An edit anywhere in a local file is a changed corpus, and its
-folder is prepared again (also a folder prepared when only the first and last MiB of each file were hashed:
-once; where the data folder is not writable, such a folder whose files match by those MiB is used as it is,
-with a warning). A hub dataset's content is not fingerprinted (only what names it): pass `--force`
+folder is prepared again (once also a folder from when only each file's first and last MiB were hashed:
+`_reusable_as_sampled`). A hub dataset's content is not fingerprinted (only what names it): pass `--force`
 after it changed.
 
 One writer, any number of readers. A complete, up-to-date folder is opened read-only (data/prepared.py:
@@ -88,8 +87,12 @@ def prepare_data(cfg: DataConfig, *, block_size: int | None = None, quiet: bool 
                  force: bool = False, tokenizer: Tokenizer | None = None) -> PreparedData:
     """Prepared shards for `cfg`: reused when complete and up to date, else (re)made. Bad input -> UserError.
     tokenizer: encode with this one (a pretrained model's, train.init_from) instead of cfg.tokenizer's."""
-    if not prepared_root().is_dir():
-        _make_prepared_root()  # first: a data folder that cannot exist fails before any download
+    if not prepared_root().is_dir():  # first: a data folder that cannot exist fails before any download
+        try:
+            prepared_root().mkdir(parents=True, exist_ok=True)  # e.g. ATTNGPT_DATA_DIR below a regular file
+        except OSError as e:
+            raise UserError(f"cannot create the data folder '{prepared_root()}' ({e.strerror or e}): set "
+                            f"{DATA_DIR_ENV} to a writable folder") from None
     corpus = resolve_corpus(cfg, quiet)
     if cfg.tokenizer != "char" and tokenizer is None:
         TiktokenTokenizer(cfg.tokenizer)  # fail before reading the corpus if the encoding cannot load
@@ -108,14 +111,6 @@ def prepare_data(cfg: DataConfig, *, block_size: int | None = None, quiet: bool 
     if block_size is not None:
         prepared.check_block_size(block_size)
     return prepared
-
-
-def _make_prepared_root() -> None:
-    try:
-        prepared_root().mkdir(parents=True, exist_ok=True)  # e.g. ATTNGPT_DATA_DIR below a regular file
-    except OSError as e:
-        raise UserError(f"cannot create the data folder '{prepared_root()}' ({e.strerror or e}): set "
-                        f"{DATA_DIR_ENV} to a writable folder") from None
 
 
 def _reusable(out_dir: Path, fp: str) -> tuple[PreparedData | None, str | None]:
@@ -149,11 +144,12 @@ def _reusable_as_sampled(cfg: DataConfig, corpus: Corpus, tokenizer: Tokenizer |
 def _prepare(cfg: DataConfig, corpus: Corpus, fp: str, out_dir: Path, quiet: bool, force: bool,
              fixed: Tokenizer | None = None) -> PreparedData:
     _no_readers(out_dir)
+    settings = EncodeSettings(cfg.tokenizer, cfg.val_fraction, cfg.num_proc, quiet, fixed)
     with datasets_progress(not quiet):
         if corpus.kind == "documents":
-            meta, tok = _prepare_documents(cfg, corpus, fp, out_dir, quiet, force, fixed)
+            meta, tok = _prepare_documents(cfg, corpus, fp, out_dir, force, settings)
         else:
-            meta, tok = _prepare_text(cfg, corpus, fp, out_dir, quiet, fixed)
+            meta, tok = _prepare_text(cfg, corpus, fp, out_dir, settings)
     for name, content in stored_tokenizer(tok)[1].items():  # a tokenizer.json sits beside meta.json
         write_file(out_dir / name, content)
     write_json_atomic(out_dir / META_FILE, meta)  # the folder is complete from here on
@@ -161,21 +157,19 @@ def _prepare(cfg: DataConfig, corpus: Corpus, fp: str, out_dir: Path, quiet: boo
     return load_prepared(out_dir)
 
 
-def _prepare_documents(cfg: DataConfig, corpus: Corpus, fp: str, out_dir: Path, quiet: bool, force: bool,
-                       fixed: Tokenizer | None) -> tuple[dict[str, Any], Tokenizer]:
+def _prepare_documents(cfg: DataConfig, corpus: Corpus, fp: str, out_dir: Path, force: bool,
+                       settings: EncodeSettings) -> tuple[dict[str, Any], Tokenizer]:
     """Documents: encoded part by part in num_proc processes, resumed where an interrupted prepare stopped."""
     if force or read_plan(out_dir).get("fingerprint") != fp:
         start_over(out_dir, {"fingerprint": fp})
     cache_dir = data_dir() / "hf" if corpus.remote else out_dir / WORK / "hf"  # keep hub downloads only
     rows = load_rows(corpus, cache_dir, cfg.num_proc)
-    settings = EncodeSettings(cfg.tokenizer, cfg.val_fraction, cfg.num_proc, quiet, fixed)
     result = encode_documents_sharded(corpus, rows, cache_dir, fp, out_dir, settings)
-    del rows
     return _meta(cfg, corpus, fp, result.tokenizer, result.counts, result.shards, parts=result.parts), result.tokenizer
 
 
-def _prepare_text(cfg: DataConfig, corpus: Corpus, fp: str, out_dir: Path, quiet: bool,
-                  fixed: Tokenizer | None) -> tuple[dict[str, Any], Tokenizer]:
+def _prepare_text(cfg: DataConfig, corpus: Corpus, fp: str, out_dir: Path,
+                  settings: EncodeSettings) -> tuple[dict[str, Any], Tokenizer]:
     """A continuous text: encoded into a work folder, whose shards move in once all are written."""
     if out_dir.exists():  # start from an empty folder: meta.json goes first, so nothing here is trusted
         (out_dir / META_FILE).unlink(missing_ok=True)
@@ -184,7 +178,6 @@ def _prepare_text(cfg: DataConfig, corpus: Corpus, fp: str, out_dir: Path, quiet
     work_dir.mkdir(parents=True)
     try:
         rows = load_rows(corpus, work_dir / "hf")
-        settings = EncodeSettings(cfg.tokenizer, cfg.val_fraction, cfg.num_proc, quiet, fixed)
         tok, counts, shards = write_text_shards(corpus, rows, work_dir, settings)
         del rows
         for entry in (e for split in SPLITS for e in shards[split]):

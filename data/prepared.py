@@ -124,8 +124,8 @@ def _listed_shards(directory: Path, meta: dict[str, Any]) -> dict[str, list[Shar
 
 
 def load_prepared(directory: str | Path) -> PreparedData:
-    """Open a prepared folder for reading, checking that it is complete and that its ids fit its tokenizer.
-    Reads only: creates, renames and deletes nothing, so it works on a read-only mount."""
+    """Open a prepared folder for reading (module doc: it writes nothing), checking that it is complete and
+    that its ids fit its tokenizer."""
     directory = Path(directory)
     meta = read_meta(directory)
     dtype = np.dtype(meta["dtype"])

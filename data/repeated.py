@@ -22,6 +22,7 @@ from __future__ import annotations
 import string
 import unicodedata
 from functools import lru_cache
+from itertools import islice
 
 import numpy as np
 
@@ -36,14 +37,9 @@ def _all_characters() -> str:
     """ASCII letters, digits and punctuation first (typeable in a prompt), then the BMP's printable
     letters, numbers, punctuation and symbols (no spaces, controls, combining marks or surrogates)."""
     ascii_part = string.ascii_lowercase + string.ascii_uppercase + string.digits + string.punctuation
-    more = []
-    for code in range(0xA1, 0x10000):
-        if len(ascii_part) + len(more) >= MAX_ALPHABET_SIZE:
-            break
-        ch = chr(code)
-        if ch.isprintable() and not ch.isspace() and unicodedata.category(ch)[0] in "LNPS":
-            more.append(ch)
-    return ascii_part + "".join(more)
+    more = (ch for ch in map(chr, range(0xA1, 0x10000))
+            if ch.isprintable() and not ch.isspace() and unicodedata.category(ch)[0] in "LNPS")
+    return ascii_part + "".join(islice(more, MAX_ALPHABET_SIZE - len(ascii_part)))
 
 
 def alphabet(size: int) -> str:
@@ -61,8 +57,4 @@ def repeated_lines(alphabet_size: int, min_length: int, max_length: int, num_seq
     code_points = np.array([ord(c) for c in alphabet(alphabet_size)], dtype="<u4")  # (alphabet_size,)
     text = code_points[ids].tobytes().decode("utf-32-le")  # every sequence once, back to back
     ends = np.cumsum(lengths).tolist()
-    lines = []
-    for start, end in zip([0, *ends[:-1]], ends):
-        sequence = text[start:end]
-        lines.append(sequence + sequence + SEPARATOR)
-    return lines
+    return [text[start:end] * 2 + SEPARATOR for start, end in zip([0, *ends[:-1]], ends)]

@@ -19,8 +19,6 @@ Why: a hub corpus such as FineWeb-Edu's 10B-token sample is ~28 GB of text, and 
   finds the same plan keeps each part recorded as done (its shards checked against the record) and each
   part encoded but not yet split, deletes every temp file (a partial file is never reused), and encodes
   the rest. Any other plan starts over.
-- Progress: one bar over documents, with an ETA when the corpus size is known (an in-memory dataset,
-  parquet metadata, or the dataset's split info), the parts done and the tokens per second.
 """
 from __future__ import annotations
 
@@ -43,11 +41,11 @@ from common.schema import is_int
 from common.writes import write_file
 from data.corpus import Corpus
 from data.pipeline import CHAR_DOC_SEPARATOR, DOC_BATCH, AnyTokenizer, BinCounts, EncodeSettings, _is_streaming, \
-    _tokenizer, bin_dtype, encode_documents, iter_text_batches, write_ids
+    _tokenizer, bin_dtype, encode_documents, iter_text_batches
 from data.shards import shard_name
-from data.source_errors import read_errors
+from data.source_errors import corpus_errors
 from data.splitting import val_document_count, val_document_mask
-from data.tokenizer import CharTokenizer, TiktokenTokenizer
+from data.tokenizer import CharTokenizer
 from data.workers import run_parts
 
 PART_DOCS = 100_000  # documents per part of an in-memory dataset (a streamed one is cut into its files)
@@ -56,9 +54,8 @@ WORK, PLAN = ".work", "plan.json"
 TEST_KILL_ENV = "ATTNGPT_TEST_KILL_AFTER_PARTS"  # tests only: SIGKILL this process once that many parts are done
 
 
-def plan_parts(rows: Any, corpus: Corpus, part_docs: int | None = None) -> list[Any]:
+def plan_parts(rows: Any, corpus: Corpus, part_docs: int) -> list[Any]:
     """The corpus cut along its own seams: a list of datasets, one per part, in corpus order."""
-    part_docs = part_docs or PART_DOCS
     if _is_streaming(rows):
         if corpus.max_docs is not None or rows.n_shards <= 1:
             return [rows]  # `take(max_docs)` counts across files: it stays one part
@@ -80,9 +77,7 @@ def known_documents(rows: Any, corpus: Corpus) -> int | None:
         import pyarrow.parquet as pq
 
         total = sum(pq.ParquetFile(f).metadata.num_rows for f in corpus.local_files)
-    if corpus.max_docs is not None:
-        total = min(total, corpus.max_docs) if total is not None else None
-    return total
+    return min(total, corpus.max_docs) if total is not None and corpus.max_docs is not None else total
 
 
 # --- in the workers ---------------------------------------------------------------------------------------
@@ -121,7 +116,7 @@ def scan_part(rows: Any, index: int, report: Callable[[int, int], None], source:
     """The distinct characters of a part's documents (for a char vocabulary), as one sorted string."""
     chars = {CHAR_DOC_SEPARATOR}
     rows = _find_part(rows, index, source)
-    with read_errors(source.corpus, source.cache_dir):
+    with corpus_errors(source.corpus, source.cache_dir, reading=True):
         for batch in iter_text_batches(rows, DOC_BATCH):
             for text in batch:
                 chars.update(text)
@@ -147,9 +142,9 @@ def encode_part(rows: Any, index: int, report: Callable[[int, int], None], sourc
             flat.tofile(f)
             report(len(batch), int(flat.size))
 
-    with read_errors(source.corpus, ids_path):
+    with corpus_errors(source.corpus, ids_path, reading=True):
         write_file(ids_path, encode_into)
-    write_ids(lens_path, np.asarray(lens, dtype=np.uint32))  # last: its presence says the part is encoded
+    write_file(lens_path, np.asarray(lens, dtype=np.uint32).tofile)  # last: its presence says the part is encoded
     return {"docs": len(lens), "tokens": int(sum(lens)), "peak_rss_mb": peak_rss_mb(), "pid": os.getpid()}
 
 
@@ -260,12 +255,6 @@ def read_plan(out_dir: Path) -> dict[str, Any]:
     return plan if isinstance(plan, dict) else {}
 
 
-def _drop_temp_files(out_dir: Path) -> None:
-    for folder in (out_dir, out_dir / WORK):
-        for tmp in folder.glob(".*.tmp"):
-            tmp.unlink()
-
-
 @dataclass
 class ShardedResult:
     tokenizer: AnyTokenizer
@@ -279,10 +268,8 @@ def encode_documents_sharded(corpus: Corpus, rows: Any, cache_dir: Path, fp: str
                              settings: EncodeSettings) -> ShardedResult:
     """Encode a document corpus (`rows`, loaded by `load_rows(corpus, cache_dir)`) into out_dir's shards,
     resuming an interrupted prepare of the same plan (the caller has already emptied out_dir, but for
-    .work/hf, when the fingerprint differs). settings.fixed: encode with this tokenizer (a pretrained
-    model's; a char vocabulary is kept as it is) instead of the one settings.tokenizer_name names."""
-    tokenizer_name, val_fraction, fixed = settings.tokenizer_name, settings.val_fraction, settings.fixed
-    num_proc, quiet = settings.num_proc, settings.quiet
+    .work/hf, when the fingerprint differs)."""
+    val_fraction, num_proc, quiet = settings.val_fraction, settings.num_proc, settings.quiet
     source = PartSource(corpus, cache_dir, PART_DOCS)  # read at each call (a test lowers it); workers cut by it too
     parts = plan_parts(rows, corpus, source.part_docs)
     plan = {"fingerprint": fp, "parts": len(parts), "tokenizer": None}
@@ -291,14 +278,17 @@ def encode_documents_sharded(corpus: Corpus, rows: Any, cache_dir: Path, fp: str
     work = out_dir / WORK
     if resuming:
         tok: AnyTokenizer = _tokenizer(old["tokenizer"])
-        _drop_temp_files(out_dir)
+        for tmp in [*out_dir.glob(".*.tmp"), *work.glob(".*.tmp")]:  # a partial file is never reused
+            tmp.unlink()
     else:
         start_over(out_dir, plan, keep="hf")
-        if fixed is not None:
-            tok = fixed
-        else:
-            tok = TiktokenTokenizer(tokenizer_name) if tokenizer_name != "char" else _char_vocabulary(
-                parts, source, num_proc, quiet)
+        tok = settings.given_tokenizer()
+        if tok is None:  # a char vocabulary: the character set of every document, scanned in parallel over the parts
+            chars: set[str] = set()
+            with tqdm(desc="scan documents", unit="doc", unit_scale=True, disable=quiet) as bar:
+                run_parts(scan_part, parts, range(len(parts)), {"source": source}, num_proc,
+                          lambda docs, _: bar.update(docs), lambda _, found: chars.update(found))
+            tok = CharTokenizer("".join(chars))
         write_json_atomic(work / PLAN, {**plan, "tokenizer": tok.to_json()})
     dtype = bin_dtype(tok.vocab_size)
 
@@ -329,15 +319,14 @@ def encode_documents_sharded(corpus: Corpus, rows: Any, cache_dir: Path, fp: str
     def split_ready() -> None:  # split every part whose predecessors are all encoded, in order
         first_doc = 0
         for index in range(len(parts)):
-            if index in records:
-                first_doc += records[index]["docs"]
-                continue
-            if index not in encoded:
-                return
-            records[index] = split_part(index, first_doc, work, out_dir, dtype, val_fraction)
+            if index not in records:
+                if index not in encoded:
+                    return
+                records[index] = split_part(index, first_doc, work, out_dir, dtype, val_fraction)
+                del encoded[index]
+                if os.environ.get(TEST_KILL_ENV) == str(len(records)):  # die the way an out-of-memory kill would
+                    os.kill(os.getpid(), signal.SIGKILL)
             first_doc += records[index]["docs"]
-            del encoded[index]
-            _test_kill(len(records))
 
     peak_rss = [0.0]
 
@@ -354,15 +343,6 @@ def encode_documents_sharded(corpus: Corpus, rows: Any, cache_dir: Path, fp: str
         bar.close()
     counts, shards = _totals(corpus, records, len(parts), val_fraction)
     return ShardedResult(tok, counts, shards, len(parts), peak_rss[0])
-
-
-def _char_vocabulary(parts: list[Any], source: PartSource, num_proc: int, quiet: bool) -> CharTokenizer:
-    """The character set of every document (pass 1, in parallel over the parts)."""
-    chars: set[str] = set()
-    with tqdm(desc="scan documents", unit="doc", unit_scale=True, disable=quiet) as bar:
-        run_parts(scan_part, parts, range(len(parts)), {"source": source}, num_proc,
-                  lambda docs, _: bar.update(docs), lambda _, found: chars.update(found))
-    return CharTokenizer("".join(chars))
 
 
 def _totals(corpus: Corpus, records: dict[int, dict[str, Any]], n_parts: int, val_fraction: float
@@ -388,10 +368,3 @@ def _totals(corpus: Corpus, records: dict[int, dict[str, Any]], n_parts: int, va
     if counts.documents["train"] == 0:
         raise UserError(f"train split is empty: lower data.val_fraction ({val_fraction}) or use more documents")
     return counts, shards
-
-
-def _test_kill(parts_done: int) -> None:
-    """The crash-test hook: with ATTNGPT_TEST_KILL_AFTER_PARTS=N set (tests only), die by SIGKILL, the way
-    an out-of-memory kill or a pulled plug would, as soon as N parts are done. Unset, it does nothing."""
-    if os.environ.get(TEST_KILL_ENV) == str(parts_done):
-        os.kill(os.getpid(), signal.SIGKILL)

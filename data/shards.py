@@ -61,7 +61,8 @@ def shard_name(split: str, index: int) -> str:
 
 class TokenStream:
     """The shards of one split read as one flat stream of `n_tokens` ids. Every read maps the files it
-    needs afresh (np.memmap) and drops them after: a long-lived map keeps every page it ever touched."""
+    needs afresh (np.memmap) and drops them after: a long-lived map keeps every page it ever touched
+    mapped, which shows up as ever-growing memory on big corpora."""
 
     def __init__(self, shards: list[Shard], dtype: np.dtype | str | type):
         self.shards = list(shards)
@@ -79,31 +80,23 @@ class TokenStream:
             return np.zeros(0, dtype=self.dtype)
         first = int(np.searchsorted(self.starts, start, side="right")) - 1
         pieces = []
-        for k in range(first, len(self.shards)):
+        for k in range(first, len(self.shards)):  # shard `first` holds `start`: every one from it ends after start
             lo, hi = int(self.starts[k]), int(self.starts[k + 1])
             if lo >= stop:
                 break
-            if hi > start:
-                tokens = self._map(k)
-                pieces.append(np.array(tokens[max(start, lo) - lo:min(stop, hi) - lo]))
-                del tokens
+            pieces.append(np.array(self._map(k)[max(start, lo) - lo:min(stop, hi) - lo]))
         return np.concatenate(pieces)
 
     def windows(self, starts: np.ndarray, length: int) -> np.ndarray:
         """(B, length) ids: the windows beginning at `starts` (B,), each possibly spanning shards."""
         positions = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(length, dtype=np.int64)  # (B, L)
         if len(self.shards) == 1:
-            tokens = self._map(0)
-            out = np.asarray(tokens[positions])
-            del tokens
-            return out
+            return np.asarray(self._map(0)[positions])
         which = np.searchsorted(self.starts, positions, side="right") - 1  # (B, L) shard of each position
         out = np.empty(positions.shape, dtype=self.dtype)
         for k in np.unique(which):
             here = which == k
-            tokens = self._map(int(k))
-            out[here] = tokens[positions[here] - self.starts[k]]
-            del tokens
+            out[here] = self._map(int(k))[positions[here] - self.starts[k]]
         return out
 
 
@@ -131,11 +124,9 @@ def shard_max(shard: Shard, dtype: np.dtype, full: bool = True) -> int:
 
 
 def check_ids(shards: dict[str, list[Shard]], dtype: np.dtype, vocab_size: int, where: str) -> None:
-    """Refuse a folder whose shards hold an id >= vocab_size (UserError naming the shard and the id).
-
-    The max the preparer recorded is compared first (it catches a meta.json whose tokenizer was cut
-    short); then the data itself is read, whole when the folder holds at most FULL_CHECK_TOKENS tokens,
-    else sampled (meta.json can be edited: it is not trusted alone)."""
+    """Refuse a folder whose shards hold an id >= vocab_size (UserError naming the shard and the id). The max
+    the preparer recorded is compared first (it catches a meta.json whose tokenizer was cut short); then the
+    data itself is read (meta.json can be edited: it is not trusted alone), whole up to FULL_CHECK_TOKENS."""
     everything = [s for split in shards.values() for s in split]
     full = sum(s.tokens for s in everything) <= FULL_CHECK_TOKENS
     for shard in everything:

@@ -1,5 +1,5 @@
-"""A corpus's failures as one UserError line: while `datasets` loads it (`load_errors`) and while its rows are
-read (`read_errors`, in this process or in an encoding worker).
+"""A corpus's failures as one UserError line (`corpus_errors`): while `datasets` loads it and while its rows are
+read (in this process or in an encoding worker).
 
 What is the user's to fix: undecodable bytes (the file and byte offset, for local text), I/O and network
 failures, and a local file that its format's reader refuses (named, with the reason: `unreadable_file`, below).
@@ -18,9 +18,6 @@ failed, each local file is opened here with the reader of its format, in order, 
 be read is named with the reason. Only then: it reads every file whole, which is what the failed read would
 have done anyway, and nothing here decides what a valid corpus is (`datasets` does; a file this module reads
 may still fail there, and then no file is named).
-
-The format of a file: the builder (`data.name: parquet`, json, csv, text, arrow), or, for a local dataset folder,
-the file's extension as `datasets` maps it (.parquet, .json/.jsonl, .csv, .txt, .arrow).
 """
 from __future__ import annotations
 
@@ -28,7 +25,7 @@ import codecs
 import json
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from common.errors import UserError, out_of_room
 from data.corpus import LOCAL_BUILDERS, Corpus
@@ -47,10 +44,13 @@ def _error_chain(e: BaseException) -> list[BaseException]:
     return chain
 
 
+def _cut(text: str) -> str:
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    text = f"{type(e).__name__}: {text}" if text else type(e).__name__
-    return text if len(text) <= 200 else text[:197] + "..."
+    return _cut(f"{type(e).__name__}: {text}" if text else type(e).__name__)
 
 
 def root_reason(e: BaseException) -> str:
@@ -65,72 +65,45 @@ def root_reason(e: BaseException) -> str:
         head, sep, message = last.partition(":")
         if sep and " " not in head:  # "pyarrow.lib.ArrowInvalid: ..." -> "ArrowInvalid: ..."
             last = f"{head.rsplit('.', 1)[-1]}:{message}"
-        return last if len(last) <= 200 else last[:197] + "..."
+        return _cut(last)
     return _first_line(innermost)
 
 
-class _DropErrorRecords:
-    """A logging filter: `datasets` logs "Failed to read file ..." at ERROR level before it raises; the one line
-    this module makes of the error says it, so the record would only be a second line."""
-
-    @staticmethod
-    def filter(record: Any) -> bool:
-        return record.levelno < 40  # logging.ERROR
+def _below_error(record: Any) -> bool:
+    """A logging filter: `datasets` logs "Failed to read file ..." at ERROR level before it raises, a second line
+    beside the one this module makes of the error."""
+    return record.levelno < 40  # logging.ERROR
 
 
 @contextmanager
-def _datasets_errors_not_logged() -> Iterator[None]:
-    """While loading or reading: datasets' error records dropped (also in the processes it forks meanwhile)."""
+def corpus_errors(corpus: Corpus, writing: Path, *, reading: bool) -> Iterator[None]:
+    """Failures as one line (module doc): every one while loading, only the user's to fix while `reading` rows.
+    `writing`: the folder written meanwhile (the `datasets` cache, or the one rows are encoded into), named when
+    a write there finds the disk full. datasets' error records are dropped meanwhile (also in its forks)."""
     import datasets.utils.logging as ds_logging
 
     handlers = list(ds_logging.get_logger().handlers)
     for handler in handlers:
-        handler.addFilter(_DropErrorRecords)
+        handler.addFilter(_below_error)
     try:
         yield
-    finally:
-        for handler in handlers:
-            handler.removeFilter(_DropErrorRecords)
-
-
-@contextmanager
-def load_errors(corpus: Corpus, writing: Path) -> Iterator[None]:
-    """Loading a dataset is all user input (names, files, network): every failure becomes one line. `writing`:
-    the folder `datasets` writes its cache into, named when a write there finds the disk full."""
-    try:
-        with _datasets_errors_not_logged():
-            yield
     except UserError:
         raise
     except Exception as e:
-        raise _as_user_error(e, corpus, writing) from None
-
-
-@contextmanager
-def read_errors(corpus: Corpus, writing: Path) -> Iterator[None]:
-    """While reading rows: undecodable bytes, I/O or network failures, and a local file that its format's reader
-    refuses (`unreadable_file`) are the user's to fix; anything else is a bug and keeps its traceback. `writing`:
-    the folder the rows are encoded into, named when a write there finds the disk full."""
-    try:
-        with _datasets_errors_not_logged():
-            yield
-    except UserError:
-        raise
-    except Exception as e:
-        chain = _error_chain(e)
-        if any(isinstance(x, (UnicodeDecodeError, OSError)) for x in chain):
+        if not reading or any(isinstance(x, (UnicodeDecodeError, OSError)) for x in _error_chain(e)):
             raise _as_user_error(e, corpus, writing) from None
         unreadable = _unreadable(corpus)
-        if unreadable is not None:
-            raise unreadable from None
-        raise
+        if unreadable is None:
+            raise
+        raise unreadable from None
+    finally:
+        for handler in handlers:
+            handler.removeFilter(_below_error)
 
 
 def _unreadable(corpus: Corpus) -> UserError | None:
     """A UserError naming the first local file of a document corpus that its format's reader refuses, or None."""
-    if corpus.kind != "documents" or not corpus.local_files:
-        return None
-    found = unreadable_file(corpus)
+    found = unreadable_file(corpus) if corpus.kind == "documents" else None
     if found is None:
         return None
     path, fmt, reason = found
@@ -150,10 +123,8 @@ def _as_user_error(e: BaseException, corpus: Corpus, writing: Path) -> UserError
             path, offset, byte = bad
             return UserError(f"file '{path}' is not UTF-8 text (byte 0x{byte:02x} at offset {offset}): convert it, "
                              f"e.g. iconv -f latin1 -t utf-8 '{path}' > fixed.txt")
-        unreadable = _unreadable(corpus)
-        if unreadable is not None:
-            return unreadable
-        return UserError(f"{corpus.description} holds text that is not UTF-8 ({root_reason(e)}): convert it to UTF-8")
+        return _unreadable(corpus) or UserError(f"{corpus.description} holds text that is not UTF-8 "
+                                                f"({root_reason(e)}): convert it to UTF-8")
     if corpus.remote and any(isinstance(x, (ConnectionError, OSError)) for x in chain):
         return UserError(f"cannot load {corpus.description}: {_first_line(e)}; check the dataset name, the network, "
                          f"and HF_DATASETS_OFFLINE/HF_HUB_OFFLINE (a dataset must be downloaded once while online)")
@@ -172,8 +143,7 @@ def first_invalid_utf8(files: list[Path], chunk_bytes: int = 1 << 20) -> tuple[P
                 try:
                     decoder.decode(chunk, final=not chunk)
                 except UnicodeDecodeError as e:
-                    where = offset - pending + e.start
-                    return path, where, e.object[e.start]
+                    return path, offset - pending + e.start, e.object[e.start]
                 if not chunk:
                     break
                 offset += len(chunk)
@@ -186,20 +156,18 @@ def first_invalid_utf8(files: list[Path], chunk_bytes: int = 1 << 20) -> tuple[P
 def file_format(corpus: Corpus, path: Path) -> str | None:
     """The format `datasets` reads `path` of `corpus` as, or None when it is none of the local builders'."""
     builder = corpus.load_kwargs.get("path")
-    if builder in LOCAL_BUILDERS:
-        return builder
-    return EXTENSIONS.get(path.suffix.lower())
+    return builder if builder in LOCAL_BUILDERS else EXTENSIONS.get(path.suffix.lower())
 
 
 def unreadable_file(corpus: Corpus) -> tuple[Path, str, str] | None:
     """(the first local file of `corpus` that its format's reader refuses, its format, the reason), or None."""
     for path in corpus.local_files:
         fmt = file_format(corpus, path)
-        check = CHECKS.get(fmt) if fmt is not None else None
-        if check is None:
+        if fmt is None:
             continue
         try:
-            reason = check(path)
+            reason = _check_text(path) if fmt == "text" else _check_json(path) if fmt == "json" else \
+                _check_table(path, fmt)
         except OSError as e:
             reason = f"cannot read it ({e.strerror or e})"
         if reason is not None:
@@ -208,42 +176,28 @@ def unreadable_file(corpus: Corpus) -> tuple[Path, str, str] | None:
 
 
 def _reason(e: BaseException) -> str:
-    text = " ".join(str(e).split()) or type(e).__name__
-    return text if len(text) <= 200 else text[:197] + "..."
+    return _cut(" ".join(str(e).split()) or type(e).__name__)
 
 
-def _check_parquet(path: Path) -> str | None:
+def _check_table(path: Path, fmt: str) -> str | None:
+    """A parquet, arrow or csv file read through, a batch at a time: the reader's complaint, or None."""
+    import pandas as pd
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    # pandas' ParserError and EmptyDataError are ValueErrors; an OSError reading a csv is unreadable_file's
+    errors = (ValueError,) if fmt == "csv" else (pa.ArrowException, ValueError, OSError)
     try:
-        for _ in pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS):
-            pass
-    except (pa.ArrowException, ValueError, OSError) as e:
-        return _reason(e)
-    return None
-
-
-def _check_arrow(path: Path) -> str | None:
-    import pyarrow as pa
-
-    try:
-        with pa.memory_map(str(path)) as source:
-            reader = pa.ipc.open_stream(source)
-            for _ in reader:
+        if fmt == "arrow":
+            with pa.memory_map(str(path)) as source:
+                for _ in pa.ipc.open_stream(source):
+                    pass
+        else:
+            batches = pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS) if fmt == "parquet" else \
+                pd.read_csv(path, chunksize=BATCH_ROWS)
+            for _ in batches:
                 pass
-    except (pa.ArrowException, ValueError, OSError) as e:
-        return _reason(e)
-    return None
-
-
-def _check_csv(path: Path) -> str | None:
-    import pandas as pd
-
-    try:
-        for _ in pd.read_csv(path, chunksize=BATCH_ROWS):
-            pass
-    except (ValueError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+    except errors as e:
         return _reason(e)
     return None
 
@@ -296,7 +250,3 @@ def _json_line_error(line: str, line_no: int) -> str | None:
     if not isinstance(row, dict):
         return f"line {line_no} holds a JSON {type(row).__name__}, not an object of columns"
     return None
-
-
-CHECKS: dict[str, Callable[[Path], Any]] = {"parquet": _check_parquet, "arrow": _check_arrow, "csv": _check_csv,
-                                            "text": _check_text, "json": _check_json}

@@ -16,11 +16,6 @@ Two shapes of corpus:
   rows gives back the text exactly. The repeated source's lines are generated in memory (data/repeated.py),
   from its settings alone: they are its identity, and it has no files.
 - "documents" (source hub): every row of `text_column` is one document. Empty (or null) rows are skipped.
-  Example (needs the network once; cached in the data folder afterwards):
-      data: {source: hub, name: roneneldan/TinyStories, text_column: text, tokenizer: gpt2}
-  and for corpora larger than disk or RAM add `streaming: true` (and perhaps `max_docs: 1000000`).
-
-Text that is not UTF-8 is refused, never silently repaired (data/source_errors.py).
 """
 from __future__ import annotations
 
@@ -42,7 +37,7 @@ from common.writes import write_file
 from data.config import DataConfig
 from data.corpus import LOCAL_BUILDERS, Corpus
 from data.repeated import REPEATED_VERSION, repeated_lines
-from data.source_errors import load_errors
+from data.source_errors import corpus_errors
 
 DATA_DIR_ENV = "ATTNGPT_DATA_DIR"
 TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -106,17 +101,12 @@ def list_text_files(paths: list[str]) -> list[Path]:
 def _stats(files: list[Path]) -> list[list[Any]]:
     """[name, size, content hash] per file: what tells a changed corpus from the same one.
 
-    The hash is a sha256 of the file's every byte, read in 1 MiB chunks (benchmarks/RESULTS.md: 0.16 s per
-    100 MB on a shared 2-core machine, from the page cache), so any edit, anywhere, is a changed corpus. No path and no
+    The hash is a sha256 of the file's every byte, read in 1 MiB chunks (benchmarks/RESULTS.md: 0.16 s per 100 MB
+    on a shared 2-core machine, from the page cache), so any edit, anywhere, is a changed corpus. No path and no
     modification time: the same bytes give the same entries wherever they lie and however they were copied
     (tinyshakespeare in another data folder is the same corpus; local text files are also named by their paths,
-    in the corpus's identity). Folders prepared when this held a hash of the first and last MiB only carry other
-    entries: they no longer match, and are prepared again, once."""
-    out = []
-    for f in files:
-        size = f.stat().st_size
-        out.append([f.name, size, file_sha256(f)])
-    return out
+    in the corpus's identity). Folders from when only the first and last MiB were hashed: sampled_file_stats."""
+    return [[f.name, f.stat().st_size, file_sha256(f)] for f in files]
 
 
 def sampled_file_stats(files: list[Path]) -> list[list[Any]]:
@@ -151,9 +141,8 @@ def resolve_corpus(cfg: DataConfig, quiet: bool = False) -> Corpus:
     """Check that the source exists and describe it, without reading it (downloads tinyshakespeare if absent)."""
     if cfg.source == "tinyshakespeare":
         path = ensure_tinyshakespeare(quiet)
-        return Corpus(kind="text", label="tinyshakespeare", description=f"tinyshakespeare ({path})",
-                      identity={"source": "tinyshakespeare"}, file_stats=_stats([path]),
-                      load_kwargs=_text_load_kwargs([path]), local_files=[path], streaming=cfg.streaming)
+        return _text_corpus([path], cfg, label="tinyshakespeare", description=f"tinyshakespeare ({path})",
+                            identity={"source": "tinyshakespeare"})
     if cfg.source == "text":
         files = list_text_files(cfg.text_paths())
         if sum(f.stat().st_size for f in files) == 0:
@@ -161,9 +150,8 @@ def resolve_corpus(cfg: DataConfig, quiet: bool = False) -> Corpus:
                             f"point data.path at text files with content")
         first = Path(cfg.text_paths()[0])
         where = f"{files[0]}" if len(files) == 1 else f"{len(files)} files from {first.resolve()}"
-        return Corpus(kind="text", label=slugify(first.stem or first.name), description=f"text: {where}",
-                      identity={"source": "text", "files": [str(f) for f in files]}, file_stats=_stats(files),
-                      load_kwargs=_text_load_kwargs(files), local_files=files, streaming=cfg.streaming)
+        return _text_corpus(files, cfg, label=slugify(first.stem or first.name), description=f"text: {where}",
+                            identity={"source": "text", "files": [str(f) for f in files]})
     if cfg.source == "repeated":
         return _resolve_repeated(cfg)
     return _resolve_hub(cfg)
@@ -180,8 +168,11 @@ def _resolve_repeated(cfg: DataConfig) -> Corpus:
                   streaming=cfg.streaming, repeated=settings)
 
 
-def _text_load_kwargs(files: list[Path]) -> dict[str, Any]:
-    return {"path": "text", "data_files": [str(f) for f in files], "split": "train", "keep_linebreaks": True}
+def _text_corpus(files: list[Path], cfg: DataConfig, **described: Any) -> Corpus:
+    """Local text files read as one text (label, description and identity given)."""
+    return Corpus(kind="text", file_stats=_stats(files), local_files=files, streaming=cfg.streaming, **described,
+                  load_kwargs={"path": "text", "data_files": [str(f) for f in files], "split": "train",
+                               "keep_linebreaks": True})
 
 
 def _resolve_hub(cfg: DataConfig) -> Corpus:
@@ -207,11 +198,10 @@ def _resolve_hub(cfg: DataConfig) -> Corpus:
     identity = {"source": "hub", "name": name, "config_name": cfg.config_name, "data_files": data_files,
                 "split": cfg.split, "text_column": cfg.text_column, "max_docs": cfg.max_docs}
     load_kwargs: dict[str, Any] = {"path": name, "name": cfg.config_name, "split": cfg.split}
-    if data_files:
-        load_kwargs["data_files"] = data_files
     label = name if name not in LOCAL_BUILDERS else f"{name}-{Path(data_files[0]).stem}"  # type: ignore[index]
     files = None
     if data_files:
+        load_kwargs["data_files"] = data_files
         files = data_files[0] if len(data_files) == 1 else f"{data_files[0]} and {len(data_files) - 1} more"
     where = ", ".join(f"{k} {v}" for k, v in (("files", files), ("config", cfg.config_name), ("split", cfg.split),
                                                ("column", cfg.text_column)) if v)
@@ -241,11 +231,12 @@ def load_rows(corpus: Corpus, cache_dir: Path, num_proc: int = 1) -> Any:
         kwargs["num_proc"] = num_proc
     if corpus.kind == "text":
         kwargs["features"] = datasets.Features({"text": datasets.Value("string")})
-    with load_errors(corpus, cache_dir):
+    with corpus_errors(corpus, cache_dir, reading=False):
         rows = datasets.load_dataset(**kwargs)
         if isinstance(rows, (datasets.DatasetDict, datasets.IterableDatasetDict)):
             raise UserError(f"{corpus.description} gave several splits ({', '.join(rows)}): set data.split to one")
-        columns = _column_names(rows)
+        columns = rows.column_names  # None: a stream whose features are unknown until its first row is read
+        columns = list(columns) if columns is not None else list(next(iter(rows), None) or [])
     column = corpus.text_column
     if column not in columns:
         raise UserError(f"{corpus.description} has no column '{column}' (columns: {', '.join(columns) or 'none'}): "
@@ -260,10 +251,3 @@ def load_rows(corpus: Corpus, cache_dir: Path, num_proc: int = 1) -> Any:
     if corpus.max_docs is not None:
         rows = rows.take(corpus.max_docs) if corpus.streaming else rows.select(range(min(corpus.max_docs, len(rows))))
     return rows
-
-
-def _column_names(rows: Any) -> list[str]:
-    if rows.column_names is not None:
-        return list(rows.column_names)
-    first = next(iter(rows), None)  # a stream whose features are unknown until read
-    return list(first) if first is not None else []

@@ -1,8 +1,8 @@
 """Tokenizers: characters of the corpus, or a tiktoken BPE encoding such as GPT-2's, behind one interface.
 
-Why one small interface: the prepare step, the batch loader's consumers, sampling and the attention
-heatmaps all need the same five things (encode, decode, vocabulary size, the document separator, a label
-per token), and a checkpoint must carry its tokenizer so sampling rebuilds it exactly. Both tokenizers
+Why one small interface (`Tokenizer`): the prepare step, the batch loader's consumers, sampling and the
+attention heatmaps all need the same things (encode, decode, vocabulary size, the document separator, a
+label per token), and a checkpoint must carry its tokenizer so sampling rebuilds it exactly. All three
 serialise to a small JSON dict (`to_json`) and come back through `tokenizer_from_json` (at the end of
 this module); nothing is pickled.
 
@@ -23,12 +23,10 @@ this module); nothing is pickled.
 Ids outside the vocabulary (a model whose embedding is padded past `vocab_size` can sample them) decode
 to U+FFFD rather than crashing a sampling run.
 
-Probing a model with random text (insight/roles.py) needs the tokenizer's ordinary tokens, the ones text
-is made of: `ordinary_ids()` is every id of the vocabulary but its special tokens (<|endoftext|>, <s>, ...),
-ids the encoding leaves unassigned, and never a padded embedding's extra ids. `start_id` opens a sequence
-the way training data does: the end-of-text / beginning-of-sequence token where the tokenizer has one
-(BOS first: a Llama model is trained with <s> first), else the newline a char prompt starts from (id 0
-without one).
+Probing a model with random text (insight/roles.py) needs the ids text is made of (`ordinary_ids()`: never
+a special token, an unassigned id or a padded embedding's extra id) and a start the way training data opens
+a sequence (`start_id`: BOS first, as a Llama model is trained with <s> first; else end-of-text; else a char
+prompt's newline).
 """
 from __future__ import annotations
 
@@ -72,11 +70,13 @@ class CharTokenizer:
     """One id per distinct character of the corpus, in code-point order."""
 
     name = "char"
+    eot: int | None = None  # no document separator
 
     def __init__(self, chars: str) -> None:
         if len(set(chars)) != len(chars):
             raise ValueError("CharTokenizer characters must be distinct")
         self.chars = "".join(sorted(chars))
+        self.vocab_size = len(self.chars)
         self._stoi = {ch: i for i, ch in enumerate(self.chars)}
         # (V,) code points, sorted, for the vectorised encoder
         self._code_points = np.array([ord(c) for c in self.chars], dtype=np.uint32)
@@ -84,14 +84,6 @@ class CharTokenizer:
     @classmethod
     def from_text(cls, text: str) -> CharTokenizer:
         return cls("".join(set(text)))
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.chars)
-
-    @property
-    def eot(self) -> int | None:
-        return None
 
     def unknown_chars(self, text: str) -> list[str]:
         """The distinct characters of `text` that are not in the vocabulary, in order of appearance."""
@@ -115,18 +107,14 @@ class CharTokenizer:
         return ids
 
     def decode(self, ids: list[int]) -> str:
-        n = len(self.chars)
-        return "".join(self.chars[i] if 0 <= i < n else REPLACEMENT_CHAR for i in map(int, ids))
+        return "".join(self.chars[i] if 0 <= i < self.vocab_size else REPLACEMENT_CHAR for i in map(int, ids))
 
     def token_strings(self, ids: list[int]) -> list[str]:
-        n = len(self.chars)
-        return [self.chars[i] if 0 <= i < n else f"<{i}>" for i in map(int, ids)]
+        return [self.chars[i] if 0 <= i < self.vocab_size else f"<{i}>" for i in map(int, ids)]
 
     def prompt_ids(self, text: str) -> list[int]:
         """`encode(text)`, but never empty: an empty prompt starts from a newline (else id 0)."""
-        if text:
-            return self.encode(text)
-        return [self.start_id]
+        return self.encode(text) if text else [self.start_id]
 
     def ordinary_ids(self) -> np.ndarray:
         """Every id, (vocab_size,) int64: a char vocabulary has no special tokens."""
@@ -162,36 +150,13 @@ class TiktokenTokenizer:
     def encode(self, text: str) -> list[int]:
         return self._enc.encode_ordinary(text)
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return self._enc.encode_ordinary_batch(texts, num_threads=1)
-
-    def _known(self, ids: list[int]) -> list[int | None]:
-        n = self.vocab_size
-        return [i if 0 <= i < n else None for i in map(int, ids)]
-
     def decode(self, ids: list[int]) -> str:
-        out: list[str] = []
-        run: list[int] = []
-        for i in self._known(ids):
-            if i is None:
-                out.append(self._enc.decode(run))
-                out.append(REPLACEMENT_CHAR)
-                run = []
-            else:
-                run.append(i)
-        out.append(self._enc.decode(run))
-        return "".join(out)
+        return _decode_runs(ids, self.vocab_size, self._enc.decode)
 
     def token_strings(self, ids: list[int]) -> list[str]:
-        labels = []
-        for raw, i in zip(ids, self._known(ids)):
-            if i is None:
-                labels.append(f"<{int(raw)}>")
-                continue
-            piece = self._enc.decode_single_token_bytes(i)
-            # a token may hold part of a multi-byte character: those bytes become the text \xNN
-            labels.append(piece.decode("utf-8", errors="backslashreplace"))
-        return labels
+        # a token may hold part of a multi-byte character: those bytes become the text \xNN
+        return [self._enc.decode_single_token_bytes(i).decode("utf-8", errors="backslashreplace")
+                if 0 <= i < self.vocab_size else f"<{i}>" for i in map(int, ids)]
 
     def prompt_ids(self, text: str) -> list[int]:
         """`encode(text)`, but never empty: an empty prompt starts from <|endoftext|> (a fresh document)."""
@@ -219,6 +184,19 @@ class TiktokenTokenizer:
         return f"TiktokenTokenizer({self.name!r}, vocab_size={self.vocab_size})"
 
 
+def _decode_runs(ids: list[int], vocab_size: int, decode: Any) -> str:
+    """`decode` applied to each run of ids inside the vocabulary; every id outside it reads U+FFFD."""
+    out: list[str] = []
+    run: list[int] = []
+    for i in map(int, ids):
+        if 0 <= i < vocab_size:
+            run.append(i)
+            continue
+        out += [decode(run), REPLACEMENT_CHAR]
+        run = []
+    return "".join(out) + decode(run)
+
+
 def _tiktoken_assigned(enc: Any, i: int) -> bool:
     try:
         enc.decode_single_token_bytes(i)
@@ -233,8 +211,7 @@ def check_tokenizer_name(name: str) -> None:
 
     known = tiktoken.list_encoding_names()
     if name != "char" and name not in known:
-        choices = ["char", *known]
-        match = difflib.get_close_matches(name, choices, n=1, cutoff=0.5)
+        match = difflib.get_close_matches(name, ["char", *known], n=1, cutoff=0.5)
         hint = f" (did you mean '{match[0]}'?)" if match else ""
         raise ValueError(f"tokenizer '{name}' is unknown{hint}: use 'char' or a tiktoken encoding "
                          f"({', '.join(known)})")
@@ -254,8 +231,7 @@ def load_tiktoken_encoding(name: str) -> Any:
         return tiktoken.get_encoding(name)
     except Exception as e:  # requests/urllib errors offline, ValueError on a corrupt cached file
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        if len(reason) > 160:
-            reason = reason[:157] + "..."
+        reason = reason if len(reason) <= 160 else reason[:157] + "..."
         raise UserError(f"cannot load tiktoken encoding '{name}': its vocabulary file is not cached and could "
                         f"not be downloaded ({type(e).__name__}: {reason}); connect to the internet once, or set "
                         f"TIKTOKEN_CACHE_DIR to a folder that holds it") from None
@@ -265,12 +241,8 @@ def byte_level_alphabet() -> dict[int, str]:
     """GPT-2's byte -> printable character map: byte-level BPE vocabularies spell every byte as one of
     these (a space is 'Ġ'), so that tokens are valid JSON strings."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = chr(256 + extra)
-            extra += 1
+    rest = [b for b in range(256) if b not in printable]  # spelt from U+0100 on, in byte order
+    chars = {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(rest)}}
     return dict(sorted(chars.items()))
 
 
@@ -289,7 +261,6 @@ class HFTokenizer:
             raise UserError(f"this model's tokenizer is a Hugging Face tokenizer.json, which needs the tokenizers "
                             f"package: {HF_EXTRA}") from None
         payload = check_tokenizer_json(data, path)  # JSON of the structure read below, before the library sees it
-        decoder = payload.get("decoder") or {}
         try:
             self._tk = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
         except Exception as e:  # unknown components, fields the library wants and the check leaves to it
@@ -298,22 +269,14 @@ class HFTokenizer:
         self._tk.encode_special_tokens = True  # "<s>" in a text is text, as tiktoken's encode_ordinary
         self.data, self.sha256 = data, hashlib.sha256(data).hexdigest()
         self.name, self.path = name, path
-        self._vocab_size = max(self._tk.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+        self.vocab_size = max(self._tk.get_vocab(with_added_tokens=True).values(), default=-1) + 1
         for which, value in (("eot", eot), ("bos", bos)):
-            if value is not None and not 0 <= value < self._vocab_size:
-                raise UserError(f"{which} id {value} is outside the tokenizer's {self._vocab_size} tokens")
-        self._eot, self.bos = eot, bos
+            if value is not None and not 0 <= value < self.vocab_size:
+                raise UserError(f"{which} id {value} is outside the tokenizer's {self.vocab_size} tokens")
+        self.eot, self.bos = eot, bos
         self._special = {t.content for t in self._tk.get_added_tokens_decoder().values() if t.special}
-        kinds = json.dumps(decoder)
-        self._bytes = {c: b for b, c in byte_level_alphabet().items()} if '"ByteLevel"' in kinds else None
-
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab_size
-
-    @property
-    def eot(self) -> int | None:
-        return self._eot
+        byte_level = '"ByteLevel"' in json.dumps(payload.get("decoder"))
+        self._bytes = {c: b for b, c in byte_level_alphabet().items()} if byte_level else None
 
     def encode(self, text: str) -> list[int]:
         return self._tk.encode(text, add_special_tokens=False).ids
@@ -323,23 +286,11 @@ class HFTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         """Text of ids, special tokens (<s>, </s>) left out; an id outside the vocabulary reads U+FFFD."""
-        out: list[str] = []
-        run: list[int] = []
-        for i in map(int, ids):
-            if 0 <= i < self._vocab_size:
-                run.append(i)
-                continue
-            out += [self._tk.decode(run), REPLACEMENT_CHAR]
-            run = []
-        out.append(self._tk.decode(run))
-        return "".join(out)
+        return _decode_runs(ids, self.vocab_size, self._tk.decode)
 
     def token_strings(self, ids: list[int]) -> list[str]:
-        labels = []
-        for i in map(int, ids):
-            piece = self._tk.id_to_token(i) if 0 <= i < self._vocab_size else None
-            labels.append(f"<{i}>" if piece is None else self._piece_text(piece))
-        return labels
+        pieces = [(i, self._tk.id_to_token(i) if 0 <= i < self.vocab_size else None) for i in map(int, ids)]
+        return [f"<{i}>" if piece is None else self._piece_text(piece) for i, piece in pieces]
 
     def _piece_text(self, piece: str) -> str:
         """A vocabulary entry as the text it stands for: byte-level 'Ġit' -> ' it', metaspace '▁it' -> ' it',
@@ -357,19 +308,19 @@ class HFTokenizer:
         ids = self._tk.encode(text, add_special_tokens=True).ids
         if ids:
             return ids
-        fallback = self.bos if self.bos is not None else self._eot
+        fallback = self.bos if self.bos is not None else self.eot
         return [fallback if fallback is not None else 0]
 
     def ordinary_ids(self) -> np.ndarray:
         """Ids of the vocabulary's tokens but the special ones (<s>, </s>, <unk>, ...), int64 ascending."""
         special = {i for i, t in self._tk.get_added_tokens_decoder().items() if t.special}
-        return np.array([i for i in range(self._vocab_size)
+        return np.array([i for i in range(self.vocab_size)
                          if i not in special and self._tk.id_to_token(i) is not None], dtype=np.int64)
 
     @property
     def start_id(self) -> int:
         """The beginning-of-sequence id, else the end-of-sequence id, else the first ordinary id."""
-        for candidate in (self.bos, self._eot):
+        for candidate in (self.bos, self.eot):
             if candidate is not None:
                 return candidate
         return int(self.ordinary_ids()[0])
@@ -377,7 +328,7 @@ class HFTokenizer:
     def to_json(self) -> dict[str, Any]:
         """In memory: names the file it was read from (stored_tokenizer gives the description to write)."""
         return {"kind": "hf", "name": self.name, "file": str(self.path.resolve()) if self.path else HF_FILE,
-                "sha256": self.sha256, "vocab_size": self._vocab_size, "eot": self._eot, "bos": self.bos}
+                "sha256": self.sha256, "vocab_size": self.vocab_size, "eot": self.eot, "bos": self.bos}
 
     def __repr__(self) -> str:
         return f"HFTokenizer({self.name!r}, vocab_size={self.vocab_size})"

@@ -40,6 +40,9 @@ VOCAB_JSON = DictOf(TOKEN_ID)
 SPECIAL_TOKEN = Nullable(AnyOf(Str(), Fields({"content": Str()}, required=("content",))))
 TOKENIZER_CONFIG = Fields({"eos_token": SPECIAL_TOKEN, "bos_token": SPECIAL_TOKEN})
 GENERATION_CONFIG = Fields({"eos_token_id": TOKEN_IDS, "bos_token_id": TOKEN_IDS})
+CHECKED_FILES = {"vocab.json": (TOKENIZER_FILE_BYTES, VOCAB_JSON),
+                 "tokenizer_config.json": (SMALL_FILE_BYTES, TOKENIZER_CONFIG),
+                 "generation_config.json": (SMALL_FILE_BYTES, GENERATION_CONFIG)}  # read_checked's limit, schema
 
 
 def check_tokenizer_json(data: bytes, path: Path | None) -> dict[str, Any]:
@@ -50,28 +53,20 @@ def check_tokenizer_json(data: bytes, path: Path | None) -> dict[str, Any]:
     return payload
 
 
-def read_tokenizer_json(path: Path) -> tuple[bytes, dict[str, Any]]:
-    """(the file's bytes, its checked payload)."""
-    data = read_bounded(path, TOKENIZER_FILE_BYTES, "tokenizer.json")
-    return data, check_tokenizer_json(data, path)
+def read_tokenizer_json(path: Path) -> dict[str, Any]:
+    """The file's checked payload."""
+    return check_tokenizer_json(read_bounded(path, TOKENIZER_FILE_BYTES, "tokenizer.json"), path)
 
 
-def _read_checked(path: Path, limit: int, schema: Any) -> Any:
+def read_checked(path: Path) -> dict[str, Any]:
+    """vocab.json, tokenizer_config.json or generation_config.json (known by its name) read and checked; {} when
+    there is no such file."""
+    if not path.is_file():
+        return {}
+    limit, schema = CHECKED_FILES[path.name]
     payload = read_json(path, limit, path.name)
     check(payload, schema, f"{path.name} '{path}'", DAMAGED)
     return payload
-
-
-def read_vocab_json(path: Path) -> dict[str, int]:
-    return _read_checked(path, TOKENIZER_FILE_BYTES, VOCAB_JSON)
-
-
-def read_tokenizer_config(path: Path) -> dict[str, Any]:
-    return _read_checked(path, SMALL_FILE_BYTES, TOKENIZER_CONFIG)
-
-
-def read_generation_config(path: Path) -> dict[str, Any]:
-    return _read_checked(path, SMALL_FILE_BYTES, GENERATION_CONFIG)
 
 
 def read_merges_txt(path: Path) -> tuple[str, ...]:
@@ -99,6 +94,4 @@ def read_merges_txt(path: Path) -> tuple[str, ...]:
 def merges_of(payload: dict[str, Any]) -> tuple[str, ...] | None:
     """A checked tokenizer.json's merges as "a b" strings (None when its model has none)."""
     merges = payload["model"].get("merges")
-    if merges is None:
-        return None
-    return tuple(m if isinstance(m, str) else " ".join(m) for m in merges)
+    return None if merges is None else tuple(m if isinstance(m, str) else " ".join(m) for m in merges)

@@ -11,8 +11,8 @@ and terminates them. A worker whose main process died (SIGKILL) notices at its n
 and exits: nobody would read its part.
 
 `fn(part, index, report, **common)` runs in a worker for each task `(index, part)` (`part` may be None:
-fn then finds the part from `index` and `common` itself); `report(docs, tokens)` sends progress. Exceptions come back to the caller: a UserError as itself, anything else as a
-RuntimeError carrying the worker's traceback.
+fn then finds the part from `index` and `common` itself); `report(docs, tokens)` sends progress. Exceptions
+come back to the caller: a UserError as itself, anything else as a RuntimeError carrying the worker's traceback.
 """
 from __future__ import annotations
 

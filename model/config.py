@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from common.schema import is_int, is_number
+from common.schema import Bool, Float, Int, Nullable, Str, check_fields
 
 MLP_KINDS = ("gelu", "swiglu")
 NORM_KINDS = ("layernorm", "rmsnorm")
@@ -31,24 +31,24 @@ class ModelConfig:
     tie_embeddings: bool = True  # the LM head reuses the token-embedding matrix
     attn_impl: Literal["manual", "sdpa"] = "manual"  # from-scratch softmax(QK^T/sqrt(d))V, or fused F.scaled_dot_product_attention
 
+    # each field's rule (common/schema.py: the rules that check untrusted JSON), with the words its message says
+    # where they are not the rule's own; checked before the rules between fields in __post_init__
+    FIELDS: ClassVar = {
+        **dict.fromkeys(("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "d_model"), Int(1)),
+        "mlp_hidden": Nullable(Int(1)), "bias": Bool(), "tie_embeddings": Bool(),
+        **{name: (Str(kinds), f"one of {', '.join(kinds)}") for name, kinds in
+           (("mlp", MLP_KINDS), ("norm", NORM_KINDS), ("pos", POS_KINDS), ("attn_impl", ATTN_IMPLS))},
+        "rope_theta": Float(above=0),
+        "norm_eps": (Nullable(Float(above=0, below=1)), "in (0, 1), or null for the norm's default"),
+        "dropout": (Float(low=0, below=1), "in [0, 1)")}
+
     def __post_init__(self) -> None:
         """Every field of its type and in range (a config may come from a file someone else wrote: a bool is not
         an integer, 16.0 is not an integer, inf is not a number here); sizes are bounded by memory, not here
         (pretrained/memory.py)."""
         if self.n_kv_head is None:
             self.n_kv_head = self.n_head
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "d_model"):
-            value = getattr(self, name)
-            if not is_int(value) or value < 1:
-                raise ValueError(f"{name}={value!r}: must be a positive integer")
-        if self.mlp_hidden is not None and (not is_int(self.mlp_hidden) or self.mlp_hidden < 1):
-            raise ValueError(f"mlp_hidden={self.mlp_hidden!r}: must be a positive integer or null")
-        for name in ("bias", "tie_embeddings"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}={getattr(self, name)!r}: must be true or false")
-        for name, choices in (("mlp", MLP_KINDS), ("norm", NORM_KINDS), ("pos", POS_KINDS), ("attn_impl", ATTN_IMPLS)):
-            if not isinstance(getattr(self, name), str) or getattr(self, name) not in choices:
-                raise ValueError(f"{name}={getattr(self, name)!r}: must be one of {', '.join(choices)}")
+        check_fields(self, self.FIELDS)
         if self.d_model % self.n_head != 0:
             raise ValueError(f"d_model={self.d_model}: must be divisible by n_head={self.n_head} "
                              f"(head_dim = d_model // n_head)")
@@ -57,12 +57,6 @@ class ModelConfig:
                              f"so each key/value head serves the same number of query heads")
         if self.pos == "rope" and self.head_dim % 2 != 0:
             raise ValueError(f"pos='rope' needs an even head_dim, got d_model/n_head = {self.head_dim}")
-        if not (is_number(self.rope_theta) and self.rope_theta > 0):
-            raise ValueError(f"rope_theta={self.rope_theta!r}: must be a finite number > 0")
-        if self.norm_eps is not None and not (is_number(self.norm_eps) and 0 < self.norm_eps < 1):
-            raise ValueError(f"norm_eps={self.norm_eps!r}: must be in (0, 1), or null for the norm's default")
-        if not (is_number(self.dropout) and 0.0 <= self.dropout < 1.0):
-            raise ValueError(f"dropout={self.dropout!r}: must be in [0, 1)")
 
     @property
     def head_dim(self) -> int:
@@ -74,11 +68,6 @@ class ModelConfig:
         if self.norm_eps is not None:
             return float(self.norm_eps)
         return 1e-5 if self.norm == "layernorm" else 1e-6
-
-    @property
-    def n_rep(self) -> int:
-        """How many query heads share each key/value head."""
-        return self.n_head // self.n_kv_head
 
     @property
     def hidden_dim(self) -> int:
@@ -95,10 +84,9 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
-        known = {f.name for f in fields(cls)}
         if not isinstance(d, dict):
             raise TypeError(f"a model config must be a mapping of its settings, not {type(d).__name__}")
-        unknown = sorted(set(d) - known)
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
         if unknown:
             raise ValueError(f"unknown model config keys: {', '.join(unknown)}")
         return cls(**d)

@@ -20,8 +20,7 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
 
     temperature 0 is greedy (argmax). top_k keeps exactly the k highest logits (ties broken by index);
     top_p keeps the smallest set of most likely tokens whose probability reaches top_p (nucleus; ties
-    broken by index too).
-    """
+    broken by index too)."""
     if temperature == 0:
         return logits.argmax(dim=-1)
     # float64, shifted so the row max is 0: a tiny temperature (1e-40) then sends the other logits to
@@ -45,20 +44,12 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
 
 
+# a public API with its sampling settings as keywords, as transformers' and nanoGPT's generate have
 @torch.no_grad()
-def generate(  # a public API with its sampling settings as keywords, as transformers' and nanoGPT's generate have
-    model: GPT,
-    prompt: torch.Tensor,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
-    use_kv_cache: bool = True,
-    stop_token: int | None = None,
-    on_token: Callable[[torch.Tensor], None] | None = None,
-    compile: bool = False,
-) -> torch.Tensor:
+def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+             top_p: float | None = None, generator: torch.Generator | None = None, use_kv_cache: bool = True,
+             stop_token: int | None = None, on_token: Callable[[torch.Tensor], None] | None = None,
+             compile: bool = False) -> torch.Tensor:
     """Continue prompt (B, T0) by up to max_new_tokens tokens; returns (B, T0' + n) where T0' <= block_size
     (a longer prompt keeps its last block_size tokens). Stops early once every row has produced
     stop_token (rows that stopped earlier keep producing tokens the caller should cut at stop_token).
@@ -84,9 +75,8 @@ def generate(  # a public API with its sampling settings as keywords, as transfo
             if decode is not None:  # a compiled step is specialised to its cache length: round up to a power of
                 max_len = min(block_size, 1 << (max_len - 1).bit_length())  # two, so few lengths ever compile
             model.setup_kv_cache(B, max_len, dtype=model.tok_emb.weight.dtype, device=device)
-            logits, _ = model(window, input_pos=torch.arange(window.shape[1], device=device), last_only=True)
-        else:
-            logits, _ = model(window, last_only=True)
+        positions = torch.arange(window.shape[1], device=device) if use_kv_cache else None
+        logits, _ = model(window, input_pos=positions, last_only=True)
         for _ in range(max_new_tokens):
             token = sample_next(logits[:, -1], temperature, top_k, top_p, generator)  # (B,)
             out.append(token[:, None])
@@ -100,9 +90,8 @@ def generate(  # a public API with its sampling settings as keywords, as transfo
             window = torch.cat([window, token[:, None]], dim=1)
             if n == block_size:  # no room for the new token: slide, keep the last `keep` tokens
                 window = window[:, -keep:]
-                positions = torch.arange(keep, device=device)
-                logits, _ = (model(window, input_pos=positions, last_only=True) if use_kv_cache
-                             else model(window, last_only=True))
+                positions = torch.arange(keep, device=device) if use_kv_cache else None  # prefilled again at 0..
+                logits, _ = model(window, input_pos=positions, last_only=True)
             elif decode is not None:
                 logits = decode(token[:, None], torch.tensor([n], device=device))
             elif use_kv_cache:

@@ -46,8 +46,7 @@ def causal_mask(t_q: int, t_k: int, device: torch.device | str | None = None) ->
     Aligned bottom-right: the queries are the *last* t_q positions of the t_k keys, so query i sits
     at absolute position t_k - t_q + i and sees keys j <= t_k - t_q + i. With t_q == t_k this is the
     usual lower triangle; with t_q < t_k (decoding against a cache) the new tokens see all the past.
-    (PyTorch's SDPA `is_causal=True` aligns top-left instead when t_q != t_k: pytorch issue 108108.)
-    """
+    (PyTorch's SDPA `is_causal=True` aligns top-left instead when t_q != t_k: pytorch issue 108108.)"""
     return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal=t_k - t_q)
 
 
@@ -56,8 +55,7 @@ def stable_softmax(scores: torch.Tensor) -> torch.Tensor:
 
     exp(s - max) / sum(exp(s - max)) equals exp(s) / sum(exp(s)) exactly in real arithmetic, but its
     exponents are all <= 0, so scores of 800 (exp(800) = inf in float64) still give finite weights.
-    A row whose every entry is masked (-inf) gets all-zero weights instead of NaN.
-    """
+    A row whose every entry is masked (-inf) gets all-zero weights instead of NaN."""
     row_max = scores.amax(dim=-1, keepdim=True)
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
     exp = torch.exp(scores - row_max)  # masked entries: exp(-inf) = 0 exactly
@@ -65,14 +63,8 @@ def stable_softmax(scores: torch.Tensor) -> torch.Tensor:
     return exp / total.clamp_min(torch.finfo(exp.dtype).tiny)
 
 
-def scaled_dot_product_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    causal: bool = False,
-    dropout_p: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+                                 causal: bool = False, dropout_p: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention from scratch. Returns (output, weights).
 
     q: (..., T_q, d_k)   k: (..., T_k, d_k)   v: (..., T_k, d_v)   (leading dims broadcast)
@@ -82,8 +74,7 @@ def scaled_dot_product_attention(
     dropout_p: dropout on the weights used for mixing (the returned weights are before dropout).
 
     output: (..., T_q, d_v)   weights: (..., T_q, T_k), each row sums to 1, masked entries exactly 0.
-    The softmax runs in at least float32, also under bf16 autocast: its weights are what we inspect.
-    """
+    The softmax runs in at least float32, also under bf16 autocast: its weights are what we inspect."""
     d_k = q.shape[-1]
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(d_k)  # (..., T_q, T_k): how much each query matches each key
     scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
@@ -203,10 +194,6 @@ class KVCache(nn.Module):
         self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
 
-    @property
-    def max_len(self) -> int:
-        return self.k_cache.shape[2]
-
     def update(self, input_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k, v (B, n_kv_head, T, head_dim) at positions input_pos (T,); return the full buffers
         (B, n_kv_head, max_len, head_dim). Positions not yet written hold zeros, and the caller's mask
@@ -219,9 +206,6 @@ class KVCache(nn.Module):
         """Zero both buffers in place (they keep their identity, which compiled code guards on)."""
         self.k_cache.zero_()
         self.v_cache.zero_()
-
-    def nbytes(self) -> int:
-        return self.k_cache.nbytes + self.v_cache.nbytes
 
 # --------------------------------------------------------------------------------------------------------------------
 # 5. Causal self-attention: the projections around the formula, grouped-query heads, RoPE, the cache
@@ -263,14 +247,9 @@ class CausalSelfAttention(nn.Module):
         k = qk[:, :, self.n_head:].transpose(1, 2)  # (B, n_kv_head, T, head_dim)
         return q, k, v.transpose(1, 2)  # v: (B, n_kv_head, T, head_dim)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
-        input_pos: torch.Tensor | None = None,
-        need_weights: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, x: torch.Tensor, rope: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                input_pos: torch.Tensor | None = None, need_weights: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: (B, T, d_model). rope: (T, head_dim/2, 2) cos/sin rotations for the positions of x (model/gpt.py).
         mask: None for plain causal attention over x itself; with a KV cache, bool (T, T_k) rows of the
         causal table at `input_pos`, the absolute positions of x's tokens, where k/v are written, cut to the
@@ -430,8 +409,7 @@ class GPT(nn.Module):
         - the two projections that write into the residual stream (attention out_proj, MLP fc_out)
           get std 0.02 / sqrt(2 * n_layer): the stream sums 2 * n_layer of them, so its variance at
           init stays independent of depth (GPT-2 paper, section 2.3);
-        - norm weights 1, norm biases 0.
-        """
+        - norm weights 1, norm biases 0."""
         residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
@@ -622,7 +600,7 @@ class GPT(nn.Module):
             self.__dict__["_kv_pool"] = (key, caches, self.causal_table)
         for block, cache in zip(self.blocks, caches):
             block.attn.kv_cache = cache
-        return sum(cache.nbytes() for cache in caches)
+        return sum(cache.k_cache.nbytes + cache.v_cache.nbytes for cache in caches)
 
     def clear_kv_cache(self) -> None:
         """Back to plain forward passes (the buffers stay pooled for the next setup_kv_cache)."""
@@ -652,8 +630,7 @@ class GPT(nn.Module):
 
         6 per weight of every matmul (2 forward, 4 backward), the LM head included even when tied;
         plus attention's two matmuls (QK^T and weights @ V): 12 * n_layer * n_head * head_dim * seq_len,
-        counted over the full square as is customary, though the causal half is masked.
-        """
+        counted over the full square as is customary, though the causal half is masked."""
         c = self.config
         seq_len = c.block_size if seq_len is None else seq_len
         matmul_params = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))

@@ -42,7 +42,8 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used: missing, corrupted, or of another shape. The message says which."""
 
 
-def _weights_to_save(model: GPT) -> dict[str, torch.Tensor]:
+def weights_to_save(model: GPT) -> dict[str, torch.Tensor]:
+    """Every state_dict tensor but a tied lm_head: what a model folder stores (renamed in Hugging Face's)."""
     state = model.state_dict()
     if model.config.tie_embeddings:
         state.pop("lm_head.weight")  # the same tensor as tok_emb.weight; safetensors refuses shared storage
@@ -53,14 +54,13 @@ def save_model(model: GPT, directory: str | Path, extra: dict[str, Any] | None =
                files: dict[str, bytes] | None = None) -> None:
     """Write weights and config into `directory` (created if needed), and `files` beside them (e.g. the
     tokenizer.json that the config's tokenizer description names)."""
-    write_model_files(Path(directory), _weights_to_save(model), {"model": model.config.to_dict(), **(extra or {})},
+    write_model_files(Path(directory), weights_to_save(model), {"model": model.config.to_dict(), **(extra or {})},
                       files)
 
 
 def write_model_files(directory: Path, weights: dict[str, torch.Tensor], config: dict[str, Any],
                       files: dict[str, bytes] | None = None) -> None:
-    """model.safetensors, config.json and `files` in `directory`, each through common/writes.py (whole,
-    fsynced, never through a link)."""
+    """model.safetensors, config.json and `files` in `directory`, each by common/writes.py (whole, never via a link)."""
     with owning(directory, "the model folder"):  # a model folder from its first file on: this process's
         write_file(directory / WEIGHTS_FILE, lambda f: save_file(weights, f.name, metadata={"format": "pt"}))
         write_file(directory / CONFIG_FILE, json.dumps(config, indent=2))
@@ -79,11 +79,10 @@ def find_checkpoint(path: str | Path) -> Path:
     path = Path(path)
     if (path / CONFIG_FILE).is_file():
         return path
-    if path.is_dir():
-        for name in (BEST, LATEST):
-            for candidate in (path / name, path / f".{name}.old", path / name):
-                if (candidate / CONFIG_FILE).is_file():
-                    return candidate
+    for name in (BEST, LATEST):
+        for candidate in (path / name, path / f".{name}.old", path / name):
+            if (candidate / CONFIG_FILE).is_file():  # False for a path that is no folder
+                return candidate
     raise CheckpointError(f"no checkpoint at '{path}': train one with `python train.py configs/small.yaml`, "
                           f"or pass --ckpt a run's out_dir or a checkpoint folder")
 
@@ -118,8 +117,7 @@ SWAP_RETRIES = 3  # a save swaps in well under a second; two saves in a row duri
 
 
 def _identity(folder: Path) -> tuple[int, int, int | None] | None:
-    """Which folder (device, inode) and which config.json (its inode; None if it has none) sit at `folder`
-    now; None if no folder is there."""
+    """(device, inode) of the folder now at `folder`, and its config.json's inode (None without one); None if none."""
     try:
         st = folder.stat()
     except OSError:
@@ -159,63 +157,33 @@ def read_config(directory: str | Path, check_memory: bool = True) -> dict[str, A
 
 
 def load_model(directory: str | Path, device: torch.device | str = "cpu") -> tuple[GPT, dict[str, Any]]:
-    """Rebuild the GPT saved in `directory`. Returns (model in eval mode, the config.json payload).
-    Missing, truncated or corrupted files and weights of another shape raise CheckpointError, before the model
-    is built: the weights' header is checked against the model's shapes (from one built on the meta device,
-    once the layer count agrees: a config of 10**5 layers beside 2 stored ones would build for minutes)."""
+    """(the GPT saved in `directory`, in eval mode, its config.json payload); missing, truncated or corrupted files
+    and weights of another shape raise CheckpointError before the model is built (read_weights)."""
     directory = Path(directory)
     payload = read_config(directory)
     config = ModelConfig.from_dict(payload["model"])
     check_fits_in_memory(config, device, source=f"'{directory / CONFIG_FILE}'")
-    weights = _weights_path(directory / WEIGHTS_FILE)
-    header = read_header(weights, CheckpointError)
-    stored = layer_count(header, LAYER_NAME)
-    if stored != config.n_layer:
-        raise CheckpointError(f"weights in '{weights}' do not match the model in its config.json: n_layer "
-                              f"{config.n_layer} in the config, {stored} layers in the weights")
-    with torch.device("meta"):
-        _check_header(header, GPT(config), weights)
+    state = read_weights(directory / WEIGHTS_FILE, config)
     model = GPT(config)
-    model.load_state_dict(_read_weights(weights, header), strict=False)  # strict=False only for the tied lm_head
+    model.load_state_dict(state, strict=False)  # strict=False only for the tied lm_head
     return model.to(device).eval(), payload
 
 
-def _weights_path(path: Path) -> Path:
+def read_weights(path: str | Path, config: ModelConfig) -> dict[str, torch.Tensor]:
+    """The safetensors weights at `path` of a GPT(config), but a tied lm_head, not yet in a model (a caller may crop
+    them: pretrained.load.crop_block_size). Each name, shape and dtype is checked from the header first, against a
+    model on the meta device once the layer count agrees (10**5 layers in a config beside 2 stored would build
+    for minutes); each tensor read is finite."""
+    path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no weights file '{path}'")
-    return path
-
-
-def read_weights(path: str | Path, config: ModelConfig) -> dict[str, torch.Tensor]:
-    """The safetensors weights at `path` of a GPT(config), every name, shape and dtype checked from the header
-    first (against a model built on the meta device: nothing allocated), not yet loaded into a model: a caller
-    may crop them first (pretrained.load.crop_block_size). The tied lm_head is not among them."""
-    path = _weights_path(Path(path))
     header = read_header(path, CheckpointError)
+    stored = layer_count(header, LAYER_NAME)
+    if stored != config.n_layer:
+        raise CheckpointError(f"weights in '{path}' do not match the model in its config.json: n_layer "
+                              f"{config.n_layer} in the config, {stored} layers in the weights")
     with torch.device("meta"):
         _check_header(header, GPT(config), path)
-    return _read_weights(path, header)
-
-
-def _check_header(header: dict[str, TensorInfo], model: GPT, path: Path) -> None:
-    """The weights file holds exactly `model`'s tensors, of its shapes, as floating-point numbers."""
-    expected = {name: tuple(t.shape) for name, t in _weights_to_save(model).items()}
-    missing = sorted(set(expected) - set(header))
-    unexpected = sorted(set(header) - set(expected))
-    wrong_shape = [f"{n} {header[n].shape} vs model {expected[n]}"
-                   for n in expected if n in header and header[n].shape != expected[n]]
-    wrong_dtype = not_float(header)
-    if missing or unexpected or wrong_shape or wrong_dtype:
-        details = "; ".join(filter(None, [
-            f"missing {', '.join(missing[:3])}" if missing else "",
-            f"unexpected {', '.join(unexpected[:3])}" if unexpected else "",
-            f"shape {', '.join(wrong_shape[:3])}" if wrong_shape else "",
-            f"not floating-point weights: {', '.join(wrong_dtype[:3])}" if wrong_dtype else ""]))
-        raise CheckpointError(f"weights in '{path}' do not match the model in its config.json: {details}")
-
-
-def _read_weights(path: Path, header: dict[str, TensorInfo]) -> dict[str, torch.Tensor]:
-    """The tensors of a file whose `header` was checked (_check_header), each finite."""
     try:
         state = load_file(str(path))
     except Exception as e:  # safetensors raises several types for a bad header or a short file
@@ -228,3 +196,20 @@ def _read_weights(path: Path, header: dict[str, TensorInfo]) -> dict[str, torch.
     if bad:
         raise CheckpointError(f"weights in '{path}' hold NaN or inf values (e.g. {bad[0]})")
     return state
+
+
+def _check_header(header: dict[str, TensorInfo], model: GPT, path: Path) -> None:
+    """The weights file holds exactly `model`'s tensors, of its shapes, as floating-point numbers."""
+    expected = {name: tuple(t.shape) for name, t in weights_to_save(model).items()}
+    missing = sorted(set(expected) - set(header))
+    unexpected = sorted(set(header) - set(expected))
+    wrong_shape = [f"{n} {header[n].shape} vs model {expected[n]}"
+                   for n in expected if n in header and header[n].shape != expected[n]]
+    wrong_dtype = not_float(header)
+    if missing or unexpected or wrong_shape or wrong_dtype:
+        details = "; ".join(filter(None, [
+            f"missing {', '.join(missing[:3])}" if missing else "",
+            f"unexpected {', '.join(unexpected[:3])}" if unexpected else "",
+            f"shape {', '.join(wrong_shape[:3])}" if wrong_shape else "",
+            f"not floating-point weights: {', '.join(wrong_dtype[:3])}" if wrong_dtype else ""]))
+        raise CheckpointError(f"weights in '{path}' do not match the model in its config.json: {details}")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from data.hf_tokenizer import hf_tokenizer_files
 from data.tokenizer import stored_tokenizer
-from pretrained.checkpoint import CONFIG_FILE
+from pretrained.checkpoint import CONFIG_FILE, weights_to_save
 from pretrained.hf.config_map import hf_architecture
 from pretrained.hf.export import check_out_dir, hf_files, write_model_folder
 from pretrained.load import open_pretrained
@@ -40,11 +40,8 @@ def from_hf(src: str, out_dir: str | Path, force: bool = False) -> tuple[Path, s
     source = open_pretrained(src)
     model = source.build(dtype=None)
     spec, files = stored_tokenizer(source.tokenizer)
-    state = dict(model.state_dict())
-    if model.config.tie_embeddings:
-        state.pop("lm_head.weight")
     payload = {"model": model.config.to_dict(), "tokenizer": spec, "source": source.label}
-    written = write_model_folder(out_dir, state, {CONFIG_FILE: payload}, files, force=force,
+    written = write_model_folder(out_dir, weights_to_save(model), {CONFIG_FILE: payload}, files, force=force,
                                  sources=(*_named(src), source.folder), about=f"from-hf: attngpt from {source.label}")
     c = model.config
     return written, (f"{model.num_params() / 1e6:.1f}M parameters, {c.n_layer} layers, {c.n_head} heads "

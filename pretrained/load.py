@@ -56,8 +56,8 @@ class Pretrained:
         return DUMP_DIR / (name or "hf")
 
     def build(self, device: torch.device | str = "cpu", dtype: torch.dtype | None = torch.float32) -> GPT:
-        """The model with the source's weights, in eval mode; dtype None keeps the stored dtype. A model that
-        cannot fit in the device's memory is refused before anything is allocated."""
+        """The model with the source's weights, in eval mode (dtype None: as stored), refused before it is
+        allocated when it cannot fit in the device's memory."""
         if self.kind == "attngpt":
             try:  # looked up again from `path`: a run may have swapped its checkpoint meanwhile
                 self.folder, model, _ = load_checkpoint(self.path or self.folder, device=device)
@@ -65,8 +65,7 @@ class Pretrained:
                 raise CheckpointError(f"{e}; {self.remedy}") from None
             return model if dtype is None else model.to(dtype)
         check_fits_in_memory(self.config, device, source=f"'{self.folder / CONFIG_FILE}'")
-        state = read_hf_state(self.folder, self.hf_config, self.config, dtype)
-        return build_model(self.config, state, device)
+        return build_model(self.config, read_hf_state(self.folder, self.hf_config, self.config, dtype), device)
 
     def load_into(self, model: GPT) -> None:
         """Copy the source's weights into `model`: of the source's shape (dropout/attn_impl may differ), or of a
@@ -82,16 +81,13 @@ class Pretrained:
             load_state(model, crop_block_size(state, model.config.block_size))
 
 
-def classify(path: Path) -> str | None:
-    """'attngpt' or 'hf' for a local folder holding a model, None when it holds neither."""
+def is_hf_folder(path: Path) -> bool:
+    """A local folder holding a Hugging Face model's config.json (else, if anything, an attngpt checkpoint)."""
     config = path / CONFIG_FILE
-    if config.is_file():
-        try:  # bounded: a 1 TB config.json is refused from its size, by read_config below
-            payload = read_json(config, MAX_CONFIG_BYTES, CONFIG_FILE)
-        except UserError:
-            return "attngpt"  # read_config then says what is wrong with it
-        return "hf" if is_hf_config(payload) else "attngpt"
-    return None
+    try:  # bounded: a 1 TB config.json is refused from its size
+        return config.is_file() and is_hf_config(read_json(config, MAX_CONFIG_BYTES, CONFIG_FILE))
+    except UserError:
+        return False  # read_config then says what is wrong with it
 
 
 def open_pretrained(src: str | Path, what: str = "--ckpt", hub: bool = True, remedy: str | None = None) -> Pretrained:
@@ -102,8 +98,7 @@ def open_pretrained(src: str | Path, what: str = "--ckpt", hub: bool = True, rem
     remedy = remedy or f"pass {what} an intact checkpoint (a run's out_dir, or its best/ or latest/)"
     path = Path(text).expanduser()
     if path.exists() or not hub:
-        kind = classify(path)
-        if kind == "hf":
+        if is_hf_folder(path):
             return _open_hf(path, text, remedy)
         try:
             folder = find_checkpoint(path)

@@ -2,9 +2,8 @@
 
 A config is only numbers: `vocab_size: 10**12` in a checkpoint's config.json, or an override with one digit
 too many, would make `GPT(config)` try to allocate terabytes, and die in an allocator (or thrash the machine)
-instead of saying what is wrong. Every loader calls `check_fits_in_memory` first: sample.py, a training run
-(for its weights, gradients and optimizer state), a resume, and the converters; sample.py checks what generating
-its samples allocates (`generation_bytes`, with or without the KV cache) before it allocates any of it.
+instead of saying what is wrong. Every loader calls `check_fits_in_memory` first (a training run for its
+gradients and optimizer state too); sample.py also checks what generating its samples allocates (`generation_bytes`).
 """
 from __future__ import annotations
 
@@ -13,6 +12,7 @@ import os
 import torch
 
 from common.errors import UserError
+from common.json_file import human_size
 from model.config import ModelConfig
 
 BYTES_FP32 = 4
@@ -81,11 +81,9 @@ def generation_bytes(config: ModelConfig, batch_size: int, prompt_length: int, m
     row sooner needs less without the cache)."""
     prompt_length = max(1, min(prompt_length, config.block_size))
     length = min(config.block_size, prompt_length + max(max_new_tokens, 1))
+    model_bytes = forward_bytes(config, batch_size, prompt_length if kv_cache else length, dtype_bytes)
     if kv_cache:
-        model_bytes = kv_cache_bytes(config, batch_size, dtype_bytes, length) + \
-            forward_bytes(config, batch_size, prompt_length, dtype_bytes)
-    else:
-        model_bytes = forward_bytes(config, batch_size, length, dtype_bytes)
+        model_bytes += kv_cache_bytes(config, batch_size, dtype_bytes, length)
     ids = 8 * batch_size * (length + prompt_length + max_new_tokens)
     logits = batch_size * config.vocab_size * dtype_bytes
     return model_bytes + ids + logits
@@ -105,11 +103,7 @@ def device_memory(device: torch.device | str) -> int:
 
 
 def human_bytes(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB", "TB", "PB", "EB"):
-        if n < 1000 or unit == "EB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1000
-    raise AssertionError("unreachable")
+    return human_size(n, ("B", "kB", "MB", "GB", "TB", "PB", "EB"))
 
 
 def check_fits_in_memory(config: ModelConfig, device: torch.device | str = "cpu",

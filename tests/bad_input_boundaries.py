@@ -116,7 +116,7 @@ RULES_DOC = [
     "model's files (`model.safetensors`, `model.safetensors.index.json`, `train_state.pt`, `fsdp_state.pt`). "
     "`convert.py --force` replaces only a folder convert.py wrote itself (it holds `.attngpt-convert.json` and no "
     "subfolder), and never the source of the conversion, a folder inside it or one holding it. Tests: "
-    "`common/test_paths_write_boundaries.py`.",
+    "`common/test_paths_write_boundaries.py`, `pretrained/hf/test_export.py` (convert.py's `OUT_DIR` rule).",
     "- **Every file the product writes** (`common/writes.py`: `write_file`, `append_text`, `owning`). Checkpoints, "
     "configs, metrics, stats.csv, heatmaps, dumps, the explorer, prepared shards and converted folders are all "
     "written through it: to a new temporary name beside the target (created exclusively: never an existing file "
@@ -197,7 +197,7 @@ RULES_DOC = [
     "- **Text from a run's files** (`common/json_file.py: parse_json`, `training/logger.py: read_run_id`). Untrusted "
     "JSON (a checkpoint's config.json and its vocabulary, a prepared folder's meta.json, tokenizer files) is "
     "refused when a string holds a lone surrogate, which no stream or file can encode; wandb_run_id.txt must hold "
-    "a run id (letters, digits, `-`, `_`). Tests: `common/test_schema_untrusted_json.py`.",
+    "a run id (letters, digits, `-`, `_`). Tests: `common/test_json_file.py`.",
     "- **What the model computes is finite** (`model/gpt.py: GPT._check_finite`, at the end of `GPT._hidden`, the "
     "pass that generation, evaluation and the attention dumps all run). Weights are checked finite when read, but "
     "finite weights can overflow the dtype computed in. Every pass outside training ends with one "

@@ -1,4 +1,5 @@
-"""Shared by the training, sampling and reliability tests: tiny run configs on tinyshakespeare."""
+"""Shared by the training, sampling and reliability tests: tiny run configs on tinyshakespeare; and by the data
+tests: token files written by hand."""
 from __future__ import annotations
 
 import os
@@ -8,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from common.device import torch_version
@@ -16,6 +18,12 @@ REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "configs" / "tiny.yaml"
 SHAKESPEARE_SOURCES = [REPO / "data" / "cache" / "tinyshakespeare" / "input.txt",
                        REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"]
+
+# the runs of the FSDP tests (tests/training/conftest.py's `uninterrupted`, test_parallel_fsdp.py, test_dist_checkpoint.py):
+# tiny.yaml for 6 steps, each logged, evals every 2, no dropout (so one process and two compare step by step)
+TINY_SIX_STEPS = ["configs/tiny.yaml", "train.max_iters=6", "train.log_interval=1", "eval.interval=2", "eval.iters=2",
+                  "model.dropout=0.0", "train.peak_flops=1e12"]
+TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py"]
 
 # FSDP2 runs on a CPU from PyTorch 2.6 on; before, it creates CUDA streams (training/parallel.py refuses it)
 needs_cpu_fsdp = pytest.mark.skipif(torch_version() < (2, 6), reason="FSDP2 on a CPU needs PyTorch >= 2.6")
@@ -70,6 +78,12 @@ def fresh_copy(trained: tuple[Path, object], tmp_path: Path) -> tuple[Path, obje
     copy = tmp_path / "run"
     shutil.copytree(out, copy)
     return copy, model
+
+
+def write_bin(path: Path, tokens: np.ndarray) -> Path:
+    """`tokens` as a flat token file (a shard, or a split's older train.bin / val.bin), in their own dtype."""
+    tokens.tofile(path)
+    return path
 
 
 def run_cli(args: list[str], env_extra: dict[str, str] | None = None, timeout: float = 180, cwd: Path | None = None,

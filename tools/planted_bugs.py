@@ -9,6 +9,8 @@ when they failed, "MISSED" when they all passed. The working tree is never modif
     python tools/planted_bugs.py                 # all of them (~5 minutes on 2 cores)
     python tools/planted_bugs.py --only seed     # the ones whose id contains "seed"
     python tools/planted_bugs.py --only eval- gamma-    # ... "eval-" or "gamma-"
+    python tools/planted_bugs.py --check         # runs nothing: each plant's code is in its file, once, and
+                                                 # the test files it names exist (after code or tests move)
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ class Plant:
 
 SAMPLE = "tests/cli/test_sample_settings.py"
 TRAIN = "tests/training/test_config_settings.py"
+STEP = "tests/training/test_step.py"
 MODEL = "tests/model/test_config_settings.py"
 ATTN = "tests/training/test_attn_monitor_settings.py"
 EVAL_DDP = "tests/training/test_parallel_ddp_in_process.py"
@@ -69,13 +72,13 @@ PLANTS = [
     Plant("eval-split", "the val loss computed on the train split", "training/evaluate.py",
           "prepared.split_files(split)", 'prepared.split_files("train")', (TRAIN,)),
     Plant("grad-clip", "train.grad_clip ignored", "training/step.py",
-          "grad_clip or math.inf)", "math.inf)", (TRAIN,)),
+          "grad_clip or math.inf)", "math.inf)", (STEP,)),
     Plant("dropout-eval", "attention dropout active in eval mode", "model/gpt.py",
           "dropout_p = self.dropout_p if self.training else 0.0", "dropout_p = self.dropout_p", (MODEL,)),
     Plant("best-val-resume", "best_val reset on resume", "training/trainer.py",
           'result.step, result.best_val = state["step"], state["best_val"]', 'result.step = state["step"]', (TRAIN,)),
     Plant("seed", "the seed ignored", "training/trainer.py",
-          "seed_everything(cfg.seed)", "seed_everything(1337)", (TRAIN,)),
+          "seed_everything(cfg.seed)", "seed_everything(1337)", (STEP,)),
     Plant("probe-split", "the attention probe taken from the train split", "training/attn_monitor.py",
           'prepared.stream("val").read(0, block_size)', 'prepared.stream("train").read(0, block_size)', (ATTN,)),
     Plant("stats-resume", "stats.csv rows duplicated after a resume", "training/attn_monitor.py",
@@ -191,12 +194,33 @@ def run_plant(tree: Path, plant: Plant) -> tuple[str, float]:
             else "MISSED" if proc.returncode == 0 else f"error (pytest exit {proc.returncode})"), seconds
 
 
+def check(plants: list[Plant]) -> int:
+    """What can go stale without a run: the code a plant replaces (it must occur exactly once in its file, in this
+    tree) and the test files it names. One line per problem; 0 when there is none."""
+    problems = []
+    for plant in plants:
+        path = REPO / plant.file
+        count = path.read_text(encoding="utf-8").count(plant.old) if path.is_file() else None
+        if count is None:
+            problems.append(f"{plant.id}: {plant.file} does not exist")
+        elif count != 1:
+            problems.append(f"{plant.id}: the code to replace occurs {count} times in {plant.file}")
+        problems += [f"{plant.id}: test file {test} does not exist" for test in plant.tests
+                     if not (REPO / test.split("::")[0]).is_file()]
+    print("\n".join(problems) or f"{len(plants)} plants: every file holds its code once, every test file exists")
+    return 1 if problems else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", default=[""], metavar="TEXT",
                         help="plant only the bugs whose id contains one of these")
+    parser.add_argument("--check", action="store_true",
+                        help="run nothing: check that each plant's code and test files are where it says")
     args = parser.parse_args()
     plants = [p for p in PLANTS if any(text in p.id for text in args.only)]
+    if args.check:
+        return check(plants)
     rows, missed = [], 0
     with tempfile.TemporaryDirectory(prefix="planted-") as scratch:
         tree = Path(scratch)

@@ -85,18 +85,16 @@ class Probes:
         block_size = model.config.block_size
         self.ids = probe_ids(cfg, prepared, block_size)
         self.text = torch.tensor([self.ids], dtype=torch.long, device=rt.device)  # (1, T)
-        tokenizer = prepared.tokenizer
         self.roles = None  # (role_batch, 1 + 2R), or None for a block too short for a role probe (R < 1)
         R = probe_length(block_size)
         self.role_note = f"block_size {block_size} is too short for it: NaN"
         if R >= 1:
             self.role_note = (f"{cfg.attn.role_batch} × a start token, {R} random tokens and the same {R} again, "
                               f"seed {ROLE_PROBE_SEED}")
-            self.roles = role_probe(tokenizer.ordinary_ids(), tokenizer.start_id, block_size,
+            self.roles = role_probe(prepared.tokenizer.ordinary_ids(), prepared.tokenizer.start_id, block_size,
                                     batch=cfg.attn.role_batch, seed=ROLE_PROBE_SEED).to(rt.device)
-        self.ablation = cfg.attn.ablation if cfg.train.parallel != "fsdp" else "off"
-        if len(self.ids) < 2:
-            self.ablation = "off"  # one token predicts nothing: there is no loss to lose
+        # one token predicts nothing: there is no loss to lose
+        self.ablation = "off" if cfg.train.parallel == "fsdp" or len(self.ids) < 2 else cfg.attn.ablation
 
     def run(self, model: GPT) -> tuple[dict, dict[str, np.ndarray], np.ndarray | None]:
         """(attention internals of the probe text per layer, {role: (n_layer, n_head)}, ablation_dloss
@@ -144,7 +142,6 @@ class AttentionMonitor:
         self.interval = cfg.wandb.attn_interval
         self.layers_drawn = cfg.attn.layers if cfg.attn.layers is not None else default_layers(model.config.n_layer)
         self.probes = Probes(cfg, model, prepared, rt)
-        self.idx = self.probes.text  # (1, T)
         self.tokens = prepared.tokenizer.token_strings(self.probes.ids)
         self.out_dir = Path(cfg.out_dir)
         self.dir = self.out_dir / "attn"
@@ -252,7 +249,7 @@ class AttentionMonitor:
                 png.parent.mkdir(exist_ok=True)
                 draw_heatmap(maps[layer][0], self.tokens, title=f"layer {layer}, step {step}", path=png)
             images[f"attn/layer_{layer}"] = png
-            if self.idx.shape[1] > LABEL_MAX_T:  # shorter: the full map labels every token, the zoom would repeat it
+            if len(self.probes.ids) > LABEL_MAX_T:  # shorter: the full map labels every token, the zoom would repeat it
                 zoom = png.with_name(f"step_{step:06d}_zoom.png")
                 with could_not_write(zoom, self.out_dir):
                     draw_heatmap_zoom(maps[layer][0], self.tokens, path=zoom, title=f"layer {layer}, step {step}")

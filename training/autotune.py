@@ -17,15 +17,15 @@ candidates compared timed in turn, ROUNDS rounds, each keeping its fastest round
   3. the winner of 1-2 compiled, when compile is `auto` and the rest of the run, at the eager pace, lasts
      at least COMPILE_MIN_RUN_S (compiling costs tens of seconds on a CPU: a shorter run cannot repay it).
 
-A candidate other than float32 eager is kept only when it is at least MIN_GAIN faster, so `auto` is never
-slower than plain float32 eager beyond noise; and only when every candidate's fastest round is confirmed by
-another of its rounds within ROUND_NOISE: rounds further apart say the machine's load changed while they were
-timed, and the comparison then keeps its baseline, the safe default, saying so (`compare`). The steps are timed while the run is resolved (training/plan.py),
-on a model of the run's shape built for the timing, before the run's own model exists: a run with `auto` trains
-exactly as the same run with the chosen settings written out (`choose` also puts back the weights, optimizer
-state and RNG streams of what it timed). What it decided is a value, `Precision`, that the run is built with;
-nothing is changed afterwards. The choice is saved in out_dir (CHOICE_FILE) and a resume reuses it without
-measuring again. Explicit settings are obeyed as written and never measured.
+A candidate other than float32 eager is kept only when it is at least MIN_GAIN faster, so `auto` is never slower
+than plain float32 eager beyond noise; and only when every candidate's fastest round is confirmed by another of
+its rounds within ROUND_NOISE: rounds further apart say the machine's load changed while they were timed, and the
+comparison then keeps its baseline, the safe default, saying so (`compare`). The steps are timed while the run is
+resolved (training/plan.py), on a model of the run's shape built for the timing, before the run's own model
+exists: a run with `auto` trains exactly as the same run with the chosen settings written out (`choose` also puts
+back the weights, optimizer state and RNG streams of what it timed). What it decided is a value, `Precision`,
+that the run is built with; nothing is changed afterwards. The choice is saved in out_dir (CHOICE_FILE) and a
+resume reuses it without measuring again. Explicit settings are obeyed as written and never measured.
 
 What the run prints: before timing, what is timed, about how long it takes and how to skip it; before
 compiling, why and that it takes a while; then one summary line. The summary gives each comparison with the
@@ -39,9 +39,10 @@ import dataclasses
 import json
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn as nn
@@ -50,7 +51,7 @@ from common.schema import is_number
 from common.writes import write_file
 from training.config import RunConfig, TrainConfig
 from training.optim import Optimizers
-from training.runtime import DTYPES, Runtime, synchronize
+from training.runtime import DTYPES, Runtime, seconds_of, synchronize
 from training.step import accumulate_gradients, apply_gradients
 from training.run_dir import could_not_write
 
@@ -186,9 +187,8 @@ class Choice:
 
 def saved_choice(out_dir: Path) -> Choice | None:
     """The choice a previous run of this out_dir made, or None (none saved, or unreadable: measure again)."""
-    path = Path(out_dir) / CHOICE_FILE
     try:
-        return Choice.from_json(json.loads(path.read_text(encoding="utf-8")))
+        return Choice.from_json(json.loads((Path(out_dir) / CHOICE_FILE).read_text(encoding="utf-8")))
     except (OSError, ValueError, TypeError):
         return None
 
@@ -206,9 +206,8 @@ def save_choice(out_dir: Path, choice: Choice) -> None:
 
 
 def bf16_matmul_ratio(device: torch.device, size: int = 512, reps: int = 4, rounds: int = 3) -> float:
-    """bf16 / float32 matmul throughput on this device (> 1: bf16 is faster), from a short probe: the same
-    size x size products in each dtype, each warmed up once, then `rounds` rounds of `reps` products, the
-    dtypes in turn within each round, each dtype's fastest round kept. One pass of each, one after the
+    """bf16 / float32 matmul throughput on this device (> 1: bf16 is faster), from a short probe of `rounds`
+    rounds, the dtypes in turn within each, each dtype's fastest round kept. One pass of each, one after the
     other, once read a CPU whose bf16 matmuls are 2.8x float32's as 0.72x (a burst of load on a shared
     machine hit the bf16 pass), and the run trained in float32, 1.2x slower."""
     gen = torch.Generator(device=device).manual_seed(0)
@@ -221,12 +220,7 @@ def bf16_matmul_ratio(device: torch.device, size: int = 512, reps: int = 4, roun
     seconds = {dtype: math.inf for dtype in operands}
     for _ in range(rounds):
         for dtype, (a, b) in operands.items():
-            synchronize(device)
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                a @ b
-            synchronize(device)
-            seconds[dtype] = min(seconds[dtype], time.perf_counter() - t0)
+            seconds[dtype] = min(seconds[dtype], seconds_of(lambda: a @ b, device, reps, time.perf_counter))
     return seconds[torch.float32] / seconds[torch.bfloat16]
 
 
@@ -250,14 +244,12 @@ def fused_attention_timings(model: nn.Module, batch_size: int, seq_len: int, dty
     q, k, v = tensor(config.n_head), tensor(config.n_kv_head), tensor(config.n_kv_head)
     grad_out = tensor(config.n_head, grad=False)
 
-    def call(float32: bool) -> Callable[[], None]:
-        def run() -> None:
-            with torch.autocast(device.type, dtype=amp):
-                out = fused_attention(q, k, v, None, causal=True, dropout_p=config.dropout, float32=float32)
-            torch.autograd.grad(out, (q, k, v), grad_out)
-        return run
+    def call(float32: bool) -> None:
+        with torch.autocast(device.type, dtype=amp):
+            out = fused_attention(q, k, v, None, causal=True, dropout_p=config.dropout, float32=float32)
+        torch.autograd.grad(out, (q, k, v), grad_out)
 
-    runs = {f"{dtype} attention": call(False), FLOAT32_ATTENTION: call(True)}
+    runs = {f"{dtype} attention": lambda: call(False), FLOAT32_ATTENTION: lambda: call(True)}
     for run in runs.values():
         run()  # warm-up: kernel selection, allocator
     return _time_rounds(runs, device)
@@ -269,25 +261,23 @@ def _fused_model(model: nn.Module) -> bool:
     return getattr(config, "attn_impl", None) == "sdpa" and hasattr(model, "set_fused_attention_float32")
 
 
-class _Snapshot:
-    """Weights, optimizer state and RNG streams, put back exactly after the measurement."""
-
-    def __init__(self, model: nn.Module, optimizers: Optimizers, device: torch.device):
-        self.model, self.optimizers = model, optimizers
-        self.weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        self.optim_state = copy.deepcopy(optimizers.state_dict())
-        self.cpu_rng = torch.get_rng_state()
-        self.cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-        self.device = device
-
-    def restore(self) -> None:
+@contextmanager
+def _restored(model: nn.Module, optimizers: Optimizers, device: torch.device) -> Iterator[None]:
+    """Weights, optimizer state and RNG streams, put back exactly after the block (the measurement)."""
+    weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    optim_state = copy.deepcopy(optimizers.state_dict())
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    try:
+        yield
+    finally:
         with torch.no_grad():
-            self.model.load_state_dict(self.weights)
-        self.optimizers.load_state_dict(self.optim_state)
-        self.optimizers.zero_grad()
-        torch.set_rng_state(self.cpu_rng)
-        if self.cuda_rng is not None:
-            torch.cuda.set_rng_state(self.cuda_rng, self.device)
+            model.load_state_dict(weights)
+        optimizers.load_state_dict(optim_state)
+        optimizers.zero_grad()
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state(cuda_rng, device)
 
 
 class Timings(dict):
@@ -300,27 +290,20 @@ class Timings(dict):
 
 
 def _time_rounds(steps: dict[str, Callable[[], None]], device: torch.device) -> Timings:
-    """ms per step of each candidate: ROUNDS rounds, the candidates in turn within each, of about
-    MEASURE_S / ROUNDS seconds (MIN_STEPS steps at least); each candidate's fastest round. A lone candidate
-    (compared with nothing) gets one round."""
+    """Each candidate's ms per step, in ROUNDS rounds of the candidates in turn (a lone one: one round)."""
     rounds: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(ROUNDS if len(steps) > 1 else 1):
         for name, step in steps.items():
-            rounds[name].append(_time_steps(step, device, MEASURE_S / ROUNDS))
+            n, elapsed = 0, 0.0  # MIN_STEPS steps at least, and about MEASURE_S / ROUNDS seconds
+            synchronize(device)
+            t0 = time.perf_counter()
+            while n < MIN_STEPS or elapsed < MEASURE_S / ROUNDS:
+                step()
+                n += 1
+                synchronize(device)
+                elapsed = time.perf_counter() - t0
+            rounds[name].append(1e3 * elapsed / n)
     return Timings(rounds)
-
-
-def _time_steps(step: Callable[[], None], device: torch.device, seconds: float) -> float:
-    """ms per step: MIN_STEPS steps at least, and about `seconds`."""
-    n, elapsed = 0, 0.0
-    synchronize(device)
-    t0 = time.perf_counter()
-    while n < MIN_STEPS or elapsed < seconds:
-        step()
-        n += 1
-        synchronize(device)
-        elapsed = time.perf_counter() - t0
-    return 1e3 * elapsed / n
 
 
 def choose(timed: tuple[nn.Module, Optimizers, tuple[torch.Tensor, torch.Tensor]], rt: Runtime, tc: TrainConfig,
@@ -328,11 +311,9 @@ def choose(timed: tuple[nn.Module, Optimizers, tuple[torch.Tensor, torch.Tensor]
            ) -> tuple[Choice, nn.Module | None]:
     """Time the candidates (module doc) on `timed`, (a model, its optimizers, one batch), stepping as the run's
     `train:` section says (grad_accum, grad_clip); return (choice, the compiled model if compile won, else None).
-
-    dtype_setting / tc.compile: the run's `dtype` and `train.compile`; only those on "auto" are chosen, the
-    others are taken as written. `say` gets the lines the user waits on: what is timed and for about how long,
-    before timing, and why the model is compiled, before compiling. The model and optimizers end exactly as they
-    started, but for the attention kernel's precision where it was chosen (module doc)."""
+    Only the run's settings on "auto" (dtype_setting, tc.compile) are chosen. `say` gets the lines the user waits
+    on: what is timed and for about how long, and why the model is compiled, before each. The model and optimizers
+    end exactly as they started, but for the attention kernel's precision where it was chosen (module doc)."""
     model, optimizers, batch = timed
     compile_setting = tc.compile
     device = rt.device
@@ -346,7 +327,6 @@ def choose(timed: tuple[nn.Module, Optimizers, tuple[torch.Tensor, torch.Tensor]
             notes.append(f"bfloat16 skipped: its matmuls run at {ratio:.2f}x float32 here")
     single = dataclasses.replace(rt, world_size=1, rank=0)  # measured alone, outside DDP
     x, y = batch
-    snapshot = _Snapshot(model, optimizers, device)
     comparisons: list[Comparison] = []
 
     def steps_with(runner: nn.Module, dtype: str) -> Callable[[], None]:
@@ -359,24 +339,20 @@ def choose(timed: tuple[nn.Module, Optimizers, tuple[torch.Tensor, torch.Tensor]
             apply_gradients(optimizers)
         return step
 
-    try:
+    with _restored(model, optimizers, device):
         eager = {dtype: steps_with(model, dtype) for dtype in dtypes}
-        first_step_s = 0.0
         for i, step in enumerate(eager.values()):
-            t0 = time.perf_counter()
-            step()  # warm-up: allocator, kernel selection, optimizer state
-            synchronize(device)
+            # a warm-up: allocator, kernel selection, optimizer state
+            step_s = seconds_of(step, device, clock=time.perf_counter)
             if i == 0:  # the pace the announcement estimates from (the other warm-ups follow it)
-                first_step_s = time.perf_counter() - t0
-                say(announcement(dtypes, dtype_setting, compile_setting, first_step_s))
+                say(announcement(dtypes, dtype_setting, compile_setting, step_s))
         attention = None
         lower = [d for d in dtypes if d != "float32"]
         if dtype_setting == "auto" and lower and _fused_model(model):
             # the kernel's precision first, so that the bfloat16 steps are timed with the faster kernel: timed
             # with the slower one, a CPU's bfloat16 steps once read 1.03x float32 and the run trained in float32
-            timed = fused_attention_timings(model, x.size(0), x.size(1), lower[0], device)
-            name = f"{lower[0]} attention"
-            attention = compare(timed, name, unit="ms/call")
+            kernel_ms = fused_attention_timings(model, x.size(0), x.size(1), lower[0], device)
+            attention = compare(kernel_ms, f"{lower[0]} attention", unit="ms/call")
             model.set_fused_attention_float32(attention.kept == FLOAT32_ATTENTION)  # before any compile
         ms = _time_rounds(eager, device)
         baseline = "float32" if dtype_setting == "auto" else dtypes[0]
@@ -393,26 +369,20 @@ def choose(timed: tuple[nn.Module, Optimizers, tuple[torch.Tensor, torch.Tensor]
                              f"{COMPILE_MIN_RUN_S:.0f} s")
             else:
                 say(f"auto: compiling the model to time it against eager {best} (the run has ~{eager_left_s:.0f} s "
-                    f"left at {ms[best]:.0f} ms/step, at least {COMPILE_MIN_RUN_S:.0f} s); a first compile takes {FIRST_COMPILE} on a CPU, a few "
-                    f"seconds when torch's compile cache holds the model")
+                    f"left at {ms[best]:.0f} ms/step, at least {COMPILE_MIN_RUN_S:.0f} s); a first compile takes "
+                    f"{FIRST_COMPILE} on a CPU, a few seconds when torch's compile cache holds the model")
                 try:
                     compiled = torch.compile(model)
                     step = steps_with(compiled, best)
-                    synchronize(device)
-                    t0 = time.perf_counter()
-                    step()  # compiles forward and backward
-                    step()  # a second call can recompile (e.g. after the optimizer's first step)
-                    synchronize(device)
-                    compile_seconds = time.perf_counter() - t0
+                    # twice: the first call compiles forward and backward, a second can recompile (e.g. after the
+                    # optimizer's first step)
+                    compile_seconds = seconds_of(step, device, 2, time.perf_counter)
                     # eager again, in turn with the compiled step: the two numbers compared share the minutes
                     pair = _time_rounds({best: eager[best], f"{best} compiled": step}, device)
                     comparisons.append(compare(pair, best))
                     use_compile = comparisons[-1].kept != best
                 except Exception as e:  # no C++ compiler, an unsupported op, ...: stay eager
                     notes.append(f"compile failed ({type(e).__name__}: {' '.join(str(e).split())[:100]})")
-                    compiled = None
-    finally:
-        snapshot.restore()
     choice = Choice(dtype=best, compile=use_compile, comparisons=comparisons,
                     compile_seconds=None if compile_seconds is None else round(compile_seconds, 1),
                     note="; ".join(notes), attention=attention)
@@ -422,8 +392,7 @@ def choose(timed: tuple[nn.Module, Optimizers, tuple[torch.Tensor, torch.Tensor]
 
 def timing_seconds(n_candidates: int, step_s: float) -> float:
     """About how long timing n candidates takes after the first warm-up step, at step_s seconds a step: the
-    other warm-ups, then ROUNDS rounds (one when alone) of MEASURE_S / ROUNDS seconds or MIN_STEPS steps each,
-    whichever is longer (what _time_rounds does)."""
+    other warm-ups, then what _time_rounds does."""
     rounds = ROUNDS if n_candidates > 1 else 1
     return (n_candidates - 1) * step_s + n_candidates * rounds * max(MEASURE_S / ROUNDS, MIN_STEPS * step_s)
 
@@ -443,15 +412,8 @@ def announcement(dtypes: list[str], dtype_setting: str, compile_setting: bool | 
     return f"{line}; skip it by setting {' and '.join(skip)}"
 
 
-def _rounded(ms: dict[str, float]) -> dict[str, float]:
-    """ms per step to 6 significant digits for the saved choice (never 0, unlike a fixed number of decimals)."""
-    return {name: float(f"{value:.6g}") for name, value in ms.items()}
-
-
 def compare(timings: dict[str, float], baseline: str, unit: str = "ms/step") -> Comparison:
-    """The comparison of candidates timed in turn (their fastest rounds; a `Timings` also holds every round):
-    the fastest kept when it beats the baseline by MIN_GAIN (`_fastest`), unless a candidate's fastest round
-    is not confirmed by another of its rounds within ROUND_NOISE; then the baseline, the safe default. A lone
+    """The comparison of candidates timed in turn (a `Timings` also holds every round; module doc). A lone
     round confirms nothing and contradicts nothing."""
     rounds = getattr(timings, "rounds", {name: [ms] for name, ms in timings.items()})
     unsettled = {}
@@ -460,7 +422,9 @@ def compare(timings: dict[str, float], baseline: str, unit: str = "ms/step") -> 
         if others and others[0] > fastest * ROUND_NOISE:
             unsettled[name] = round(others[0] / fastest, 2)
     kept = baseline if unsettled else _fastest(timings, baseline)
-    return Comparison(_rounded(dict(timings)), baseline, kept, unit=unit, unsettled=unsettled)
+    # to 6 significant digits for the saved choice (never 0, unlike a fixed number of decimals)
+    rounded = {name: float(f"{ms:.6g}") for name, ms in timings.items()}
+    return Comparison(rounded, baseline, kept, unit=unit, unsettled=unsettled)
 
 
 def _fastest(ms: dict[str, float], baseline: str) -> str:
@@ -473,10 +437,6 @@ def _bf16_supported(device: torch.device) -> bool:
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     return device.type == "cpu"  # bf16 autocast runs on every CPU; the probe decides whether it is worth timing
-
-
-def needs_measurement(dtype_setting: str, compile_setting: bool | str) -> bool:
-    return dtype_setting == "auto" or compile_setting == "auto"
 
 
 @dataclass(frozen=True)
@@ -504,7 +464,7 @@ def decide_precision(cfg: RunConfig, rt: Runtime, timing_run: TimingRun | None, 
     one process cannot time steps that need all of them. `say`: where the lines printed while measuring go."""
     tc = cfg.train
     explicit = Precision(rt.autocast_dtype, tc.compile is True)
-    if not needs_measurement(cfg.dtype, tc.compile):
+    if cfg.dtype != "auto" and tc.compile != "auto":
         return None, explicit
     if tc.parallel == "fsdp":
         say(f"auto under FSDP (not timed): dtype {str(rt.autocast_dtype or 'float32').replace('torch.', '')}, "

@@ -217,7 +217,4 @@ def config_to_yaml(config: RunConfig) -> str:
 
 
 def config_as_dict(config: RunConfig) -> dict[str, Any]:
-    d = to_dict(config)
-    for name in LOADER_FLAGS:
-        d.pop(name, None)
-    return d
+    return {name: value for name, value in to_dict(config).items() if name not in LOADER_FLAGS}

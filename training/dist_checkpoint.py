@@ -15,7 +15,7 @@ writes the rest, fsyncs, and swaps the folder in with the same two renames (late
 .latest.tmp -> latest), so a crash at any moment leaves a complete checkpoint (checkpoint_dir recovers
 one caught between the renames). The processes wait for each other (barriers) before and after.
 A resume loads each process's shards into the freshly sharded model and optimizer, and its own loader
-position and RNG states: the same exact-resume guarantee as a single process (tests/training/test_parallel_fsdp.py).
+position and RNG states: the same exact-resume guarantee as a single process (tests/training/test_dist_checkpoint.py).
 `fsdp_state.pt` holds only tensors and plain data and is read with weights_only=True. The out_dir must be
 a filesystem every process sees (one machine, or a shared mount across nodes).
 """
@@ -41,32 +41,6 @@ STATE_FILE = "fsdp_state.pt"
 DCP_DIR = "dcp"
 
 
-def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The whole model's weights on rank 0's CPU (empty on other ranks). Collective: every rank calls it."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if model.config.tie_embeddings:
-        state.pop("lm_head.weight", None)  # the same tensor as tok_emb.weight (pretrained/checkpoint.py saves it once)
-    return {name: tensor.detach().contiguous() for name, tensor in state.items()}
-
-
-def _write_consolidated(directory: Path, weights: dict[str, torch.Tensor], model: nn.Module,
-                        extra: dict[str, Any], files: dict[str, bytes] | None = None) -> None:
-    bad = [name for name, t in weights.items() if t.is_floating_point() and not torch.isfinite(t).all()]
-    if bad:
-        raise UserError(f"the model holds NaN or inf values (e.g. {bad[0]}); not saving it over the last good "
-                        f"checkpoint. Lower train.lr or enable train.grad_clip")
-    write_model_files(directory, weights, {"model": model.config.to_dict(), **extra}, files)
-
-
-def _swap_in(out_dir: Path, name: str) -> None:
-    """Rank 0: the complete `.name.tmp` becomes `name` (two renames, as training/checkpoint.py does)."""
-    rename_in(out_dir, name)
-    fsync_dir(out_dir)
-    shutil.rmtree(out_dir / f".{name}.old", ignore_errors=True)
-
-
 def _all_ok(ok: bool, device: torch.device) -> bool:
     """Did every process succeed? (A flag on the run's device: NCCL reduces CUDA tensors only.)"""
     flag = torch.tensor(0 if ok else 1, device=device)
@@ -79,13 +53,16 @@ def save_sharded(out_dir: Path, model: nn.Module, optimizers: Any, extra: dict[s
     """Write atomically, with the training `state`, out_dir/latest: consolidated weights, the sharded weights +
     optimizer and every rank's loader/RNG state; without it (None), out_dir/best: the consolidated weights
     alone. Collective: every rank calls it."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
     import torch.distributed.checkpoint as dcp
 
     name = LATEST if state is not None else BEST  # only latest/ is resumed from: best/ needs no shards
-
     tmp = out_dir / f".{name}.tmp"
-    weights = full_weights(model)
+    # the whole model's weights, gathered on rank 0's CPU (empty on other ranks)
+    weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if model.config.tie_embeddings:
+        weights.pop("lm_head.weight", None)  # tok_emb.weight's tensor (pretrained/checkpoint.py saves it once)
+    weights = {key: tensor.detach().contiguous() for key, tensor in weights.items()}
     error: BaseException | None = None
     if rt.is_main:
         try:
@@ -103,8 +80,12 @@ def save_sharded(out_dir: Path, model: nn.Module, optimizers: Any, extra: dict[s
             error = e
     if rt.is_main and error is None:
         try:
+            bad = [key for key, t in weights.items() if t.is_floating_point() and not torch.isfinite(t).all()]
+            if bad:
+                raise UserError(f"the model holds NaN or inf values (e.g. {bad[0]}); not saving it over the last "
+                                f"good checkpoint. Lower train.lr or enable train.grad_clip")
             with owning(out_dir, "out_dir"):
-                _write_consolidated(tmp, weights, model, extra, files)
+                write_model_files(tmp, weights, {"model": model.config.to_dict(), **extra}, files)
                 if state is not None:
                     write_file(tmp / STATE_FILE, lambda f: torch.save(
                         {**state, "world_size": dist.get_world_size(), "ranks": ranks}, f))
@@ -119,8 +100,10 @@ def save_sharded(out_dir: Path, model: nn.Module, optimizers: Any, extra: dict[s
         reason = f" ({_reason(error)})" if error is not None else " (on another process)"
         raise UserError(f"could not write checkpoint '{out_dir / name}'{reason}; the previous checkpoint is "
                         f"intact. Free disk space or fix permissions of '{out_dir}'")
-    if rt.is_main:
-        _swap_in(out_dir, name)
+    if rt.is_main:  # the complete `.name.tmp` becomes `name` (two renames, as training/checkpoint.py does)
+        rename_in(out_dir, name)
+        fsync_dir(out_dir)
+        shutil.rmtree(out_dir / f".{name}.old", ignore_errors=True)
     dist.barrier()
 
 

@@ -61,9 +61,8 @@ def check_model_keys(cfg: RunConfig, theirs: ModelConfig, label: str) -> None:
             raise UserError(f"model.block_size={ours} is longer than the {value} positions of {label}: a pretrained "
                             f"model has no positions beyond its own; set model.block_size to {value} or less "
                             f"(or remove it to train at {value})")
-        if key == CROPPABLE and ours < value:
-            continue  # a shorter context: the source's positions cropped (plan.model_shape, crop_block_size)
-        if ours != value:
+        # a shorter context is no contradiction: the source's positions cropped (plan.model_shape, crop_block_size)
+        if ours != value and not (key == CROPPABLE and ours < value):
             raise UserError(f"model.{key}={ours!r} contradicts {label}, whose {key} is {value!r}: with "
                             f"train.init_from the model's shape comes from the source; remove model.{key} "
                             f"(only model.dropout, model.attn_impl and a smaller model.block_size may be set)")

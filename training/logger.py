@@ -32,22 +32,18 @@ RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")  # what wandb makes (8 lowercase le
 RUN_ID_LIMIT = 4096  # bytes: an id is a few dozen
 
 
-def wandb_credentials_present() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    try:
-        return netrc.netrc().authenticators("api.wandb.ai") is not None
-    except (FileNotFoundError, netrc.NetrcParseError, OSError):
-        return False
-
-
 def resolve_wandb_mode(mode: str) -> str:
     if mode != "auto":
         return mode
     env_mode = os.environ.get("WANDB_MODE")
     if env_mode in ("online", "offline", "disabled"):
         return env_mode
-    return "online" if wandb_credentials_present() else "offline"
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    try:
+        return "online" if netrc.netrc().authenticators("api.wandb.ai") is not None else "offline"
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return "offline"
 
 
 def call_interruptibly(fn: Callable[[], Any], poll_s: float = 0.1) -> Any:
@@ -142,12 +138,8 @@ class RunLogger:
     # ----------------------------------------------------------------------------------------------
     def write(self, line: str) -> None:
         """A line that survives the progress bar."""
-        if not self.enabled:
-            return
-        if self.bar is not None:
-            self.bar.write(line, file=sys.stderr)
-        else:
-            print(line, file=sys.stderr)
+        if self.enabled:
+            (self.bar.write if self.bar is not None else print)(line, file=sys.stderr)
 
     def record(self, step: int, values: dict[str, Any]) -> None:
         """One line of metrics.jsonl (flushed: crash tests read it) and one W&B log call."""
@@ -156,11 +148,10 @@ class RunLogger:
         row = {"step": step, "time_s": round(time.perf_counter() - self.t0, 3), **values}
         with could_not_write(self.metrics_path, self.out_dir):
             append_text(self.metrics_path, json.dumps(row))
-        if self.wandb is not None:
-            self.wandb.log(values, step=step)
+        self.log_wandb(step, values)
 
     def log_wandb(self, step: int, values: dict[str, Any]) -> None:
-        if self.enabled and self.wandb is not None:
+        if self.wandb is not None:  # None on the other processes
             self.wandb.log(values, step=step)
 
     def progress(self, n: int, postfix: dict[str, str]) -> None:
@@ -169,9 +160,7 @@ class RunLogger:
             self.bar.update(n)
 
     def close(self) -> None:
-        if not self.enabled:
-            return
-        if self.bar is not None:
+        if self.bar is not None:  # bar and wandb: None on the other processes
             self.bar.close()
         if self.wandb is not None:
             self.wandb.finish()

@@ -108,8 +108,7 @@ class Muon(torch.optim.Optimizer):
                 update = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
                 by_setting.setdefault((group["ns_steps"], group["ns_dtype"]), []).append((group, p, update))
         for (steps, dtype), items in by_setting.items():
-            updates = _orthogonalize_params([u for _, _, u in items], [g["splits"] for g, _, _ in items], steps,
-                                            dtype)
+            updates = _orthogonalize_params([u for _, _, u in items], [g["splits"] for g, _, _ in items], steps, dtype)
             for (group, p, _), update in zip(items, updates):
                 p.mul_(1 - group["lr"] * group["weight_decay"])
                 p.add_(update, alpha=-group["lr"])

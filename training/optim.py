@@ -134,8 +134,7 @@ class Schedule:
     cosine: half a cosine from the warmup's end to decay_iters. wsd: the peak held until cooldown_start, the last
     cooldown_frac of the steps before decay_iters, then a straight line down (the cooldown, never shorter than one
     step, and never starting inside the warmup).
-    Warmup starts at 1/warmup_iters of the peak, never at 0 (a step at lr 0 is a wasted step).
-    """
+    Warmup starts at 1/warmup_iters of the peak, never at 0 (a step at lr 0 is a wasted step)."""
 
     kind: str  # "cosine" | "wsd"
     warmup_iters: int

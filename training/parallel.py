@@ -51,25 +51,15 @@ def fsdp2() -> Any:
     """The module that holds the FSDP2 API (fully_shard, FSDPModule, MixedPrecisionPolicy, ...): public in
     `torch.distributed.fsdp` from PyTorch 2.6 on, `torch.distributed._composable.fsdp` in 2.4 and 2.5."""
     import torch.distributed.fsdp as public
-
     if hasattr(public, "fully_shard"):
         return public
     from torch.distributed._composable import fsdp as composable
-
     return composable
 
 
 def is_sharded(model: nn.Module) -> bool:
     """True for a model wrapped by `fully_shard` (its class becomes FSDP<name>)."""
     return isinstance(model, fsdp2().FSDPModule)
-
-
-def ensure_process_group(rt: Runtime) -> None:
-    """FSDP needs a process group even as one process (`python train.py` without torchrun): make a
-    one-member group in memory (HashStore: no port, no file)."""
-    if not dist.is_initialized():
-        backend = "nccl" if rt.device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
 
 
 def check_fsdp_settings(autocast_dtype: torch.dtype | None, device: torch.device) -> None:
@@ -89,12 +79,12 @@ def shard_model(model: nn.Module, rt: Runtime) -> nn.Module:
 
     check_fsdp_settings(rt.autocast_dtype, rt.device)
     fsdp = fsdp2()
-    ensure_process_group(rt)
+    if not dist.is_initialized():  # FSDP needs a process group even as one process (no torchrun): one in memory
+        dist.init_process_group("nccl" if rt.device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
+                                world_size=1)  # (HashStore: no port, no file)
     mesh = init_device_mesh(rt.device.type, (dist.get_world_size(),))
-    if rt.autocast_dtype == torch.bfloat16:
-        policy = fsdp.MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    else:
-        policy = fsdp.MixedPrecisionPolicy()
+    bf16 = dict(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if rt.autocast_dtype == torch.bfloat16 else {}
+    policy = fsdp.MixedPrecisionPolicy(**bf16)
     for block in model.blocks:
         fsdp.fully_shard(block, mesh=mesh, mp_policy=policy)
     fsdp.fully_shard(model, mesh=mesh, mp_policy=policy)

@@ -91,9 +91,9 @@ def resolve_run(cfg: RunConfig, rt: Runtime, say: Callable[[str], None] | None =
     choice, precision = decide_precision(cfg, rt, _timing_run(cfg, rt, model_config, prepared),
                                          steps_left=cfg.train.max_iters, resumed=latest is not None, say=say)
     rt = dataclasses.replace(rt, autocast_dtype=precision.autocast_dtype, compile=precision.compile)
-    return RunPlan(cfg=cfg, rt=rt, attention_float32=precision.attention_float32, choice=choice, out_dir=out_dir, latest=latest,
-                   source=source, model_config=model_config, prepared=prepared, extra=extra, files=files,
-                   resume_point=resume_point)
+    return RunPlan(cfg=cfg, rt=rt, attention_float32=precision.attention_float32, choice=choice, out_dir=out_dir,
+                   latest=latest, source=source, model_config=model_config, prepared=prepared, extra=extra,
+                   files=files, resume_point=resume_point)
 
 
 def model_shape(cfg: RunConfig, source: Pretrained | None) -> ModelConfig:
@@ -136,12 +136,10 @@ def check_memory(model_config: ModelConfig, rt: Runtime, sharded: bool) -> None:
     weights read) on the CPU first, whole, then moved to the device; under FSDP each process then keeps
     1/world_size of the weights, gradients and AdamW moments. The run's one memory check: a resume reads its
     checkpoint's config without one of its own (training/resume.py)."""
-    if sharded:
+    if sharded or rt.device.type != "cpu":  # on a CPU the training state's check below covers the weights
+        built = "whole before sharding" if sharded else "on the CPU before they move to the device"
         check_fits_in_memory(model_config, "cpu", BYTES_FP32, source="this run's config",
-                             what="its weights, built whole before sharding")
-    elif rt.device.type != "cpu":  # on a CPU the training state's check below covers the weights
-        check_fits_in_memory(model_config, "cpu", BYTES_FP32, source="this run's config",
-                             what="its weights, built on the CPU before they move to the device")
+                             what=f"its weights, built {built}")
     per_param = max(1, TRAINING_BYTES_PER_PARAM // rt.world_size) if sharded else TRAINING_BYTES_PER_PARAM
     check_fits_in_memory(model_config, rt.device, per_param, source="this run's config",
                          what="its weights, gradients and AdamW moments")

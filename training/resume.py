@@ -168,10 +168,14 @@ def read_resume_point(latest: Path, out_dir: Path, model_config: ModelConfig, ex
     return ResumePoint(latest, weights, state)
 
 
-def resume(point: ResumePoint, out_dir: Path, model: GPT, optimizers: Optimizers, loader: Any) -> dict[str, Any]:
+def resume(point: ResumePoint, out_dir: Path, model: nn.Module, optimizers: Optimizers, loader: Any,
+           rt: Runtime | None = None) -> dict[str, Any]:
     """Load the checked weights, optimizer, loader position and RNG states of `point` into the freshly built
-    run. Returns the training state (step, best_val, skipped_steps)."""
+    run (an FSDP run's sharded ones through torch.distributed.checkpoint: training/dist_checkpoint.py, on `rt`).
+    Returns the training state (step, best_val, skipped_steps)."""
     weights, state = point.take()
+    if weights is None:  # FSDP: its config, data and training state were checked by read_resume_point
+        return load_sharded(point.latest, out_dir, state, model, optimizers, loader, rt)
     try:
         model.load_state_dict(weights, strict=False)  # strict=False only for a tied lm_head, never saved
         optimizers.load_state_dict(state["optimizer"])
@@ -183,12 +187,3 @@ def resume(point: ResumePoint, out_dir: Path, model: GPT, optimizers: Optimizers
         raise _refuse(point.latest, out_dir, f"its {STATE_FILE} does not fit this run ({type(e).__name__}: "
                       f"{' '.join(str(e).split())[:160]})") from None
     return state
-
-
-def resume_sharded(point: ResumePoint, out_dir: Path, model: nn.Module, optimizers: Optimizers, loader: Any,
-                   rt: Runtime) -> dict[str, Any]:
-    """`resume` for an FSDP run (config, data and training state checked by read_resume_point): the sharded
-    weights and optimizer state through torch.distributed.checkpoint (training/dist_checkpoint.py). Returns the
-    training state."""
-    _, state = point.take()
-    return load_sharded(point.latest, out_dir, state, model, optimizers, loader, rt)

@@ -100,7 +100,11 @@ def lock_run_dir(out_dir: str | Path) -> RunDirLock:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = _read_holder(fd)
+        try:
+            text = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
+        except OSError:
+            text = ""
+        holder = text.splitlines()[0] if text else "pid unknown"
         os.close(fd)
         raise UserError(f"out_dir '{out_dir}' is in use by another training run ({holder}): wait for it to "
                         f"finish or stop it, or choose another out_dir") from None
@@ -116,12 +120,4 @@ def lock_run_dir(out_dir: str | Path) -> RunDirLock:
     except OSError:
         pass  # a full disk: the lock holds all the same, only the message would lack the pid
     return RunDirLock(out_dir, fd)
-
-
-def _read_holder(fd: int) -> str:
-    try:
-        text = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
-    except OSError:
-        text = ""
-    return text.splitlines()[0] if text else "pid unknown"
 

@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import random
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -31,10 +30,6 @@ class Runtime:
     compile: bool = False  # torch.compile the model (train.compile; `auto` is decided by training/autotune.py)
 
     @property
-    def device_type(self) -> str:
-        return self.device.type
-
-    @property
     def ddp(self) -> bool:
         return self.world_size > 1
 
@@ -45,14 +40,12 @@ class Runtime:
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device_type, dtype=self.autocast_dtype)
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
 
 def resolve_autocast(dtype: str, device: torch.device) -> torch.dtype | None:
     if dtype == "auto":
-        if device.type == "cuda" and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
-        return None
+        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
     if dtype == "float32":
         return None
     if dtype == "float16" and device.type != "cuda":
@@ -111,18 +104,15 @@ def distributed_env(environ: Mapping[str, str] | None = None) -> DistributedEnv:
 
 def setup_runtime(device_name: str, dtype: str) -> Runtime:
     """Single process, or one process of a `torchrun` group (RANK/WORLD_SIZE set): NCCL on CUDA, gloo on CPU."""
-    dist_env = distributed_env()
-    if dist_env.world_size > 1:
-        rank, local_rank, world_size = dist_env.rank, dist_env.local_rank, dist_env.world_size
-        device = resolve_device(device_name)
+    env = distributed_env()
+    device = resolve_device(device_name)
+    if env.world_size > 1:
         if device.type == "cuda":
-            device = torch.device("cuda", local_rank)
+            device = torch.device("cuda", env.local_rank)
             torch.cuda.set_device(device)
         if not dist.is_initialized():
             dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-        return Runtime(device, resolve_autocast(dtype, device), rank, local_rank, world_size)
-    device = resolve_device(device_name)
-    return Runtime(device, resolve_autocast(dtype, device))
+    return Runtime(device, resolve_autocast(dtype, device), env.rank, env.local_rank, env.world_size)
 
 
 def teardown_runtime(rt: Runtime, finished: bool = False) -> None:
@@ -172,6 +162,19 @@ def synchronize(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
+def seconds_of(run: Callable[[], Any], device: torch.device, reps: int = 1,
+               clock: Callable[[], float] | None = None) -> float:
+    """Seconds that `reps` calls of run() take, the device synchronized before and after. clock: the caller's
+    time.perf_counter, looked up where it is called (tests stand in a clock of their own)."""
+    clock = clock or time.perf_counter
+    synchronize(device)
+    t0 = clock()
+    for _ in range(reps):
+        run()
+    synchronize(device)
+    return clock() - t0
+
+
 def measure_peak_flops(device: torch.device, dtype: torch.dtype | None, size: int | None = None,
                        rounds: int = 3) -> float:
     """FLOP/s of a large square matmul in the training dtype: the 'peak' MFU is measured against.
@@ -186,14 +189,7 @@ def measure_peak_flops(device: torch.device, dtype: torch.dtype | None, size: in
     for _ in range(2):
         a @ b
     reps = 10 if device.type == "cuda" else 4
-    fastest = math.inf
-    for _ in range(rounds):
-        synchronize(device)
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            a @ b
-        synchronize(device)
-        fastest = min(fastest, time.perf_counter() - t0)
+    fastest = min(seconds_of(lambda: a @ b, device, reps) for _ in range(rounds))
     return 2 * size**3 * reps / fastest
 
 
@@ -207,9 +203,7 @@ class PeakFlops:
     marked `bounded`, and `say` is told once why."""
 
     def __init__(self, given: float | None, measure: Callable[[], float], say: Callable[[str], None]):
-        self.given = given
-        self.measure = measure  # the device's matmul rate now (measure_peak_flops)
-        self.say = say
+        self.given, self.measure, self.say = given, measure, say  # measure: its matmul rate now (measure_peak_flops)
         self.value = given or measure()
         self.measured_again = given is not None  # a given peak is the user's number: never replaced by a measure
         self.bounded = False

@@ -26,17 +26,14 @@ def accumulate_gradients(model: nn.Module, params_model: nn.Module, next_batch: 
 
     model: what runs forward (maybe compiled and/or DDP-wrapped); params_model: the plain module whose
     parameters are clipped. Returns (mean loss, gradient norm before clipping), 0-d tensors.
-    Under DDP, gradients are only all-reduced on the last micro-batch (no_sync before).
-    """
+    Under DDP, gradients are only all-reduced on the last micro-batch (no_sync before)."""
     grad_accum = tc.grad_accum
     loss_sum = torch.zeros((), device=rt.device)
     for micro in range(grad_accum):
         x, y = next_batch()
-        last = micro == grad_accum - 1
         # DDP all-reduces on the last micro-batch only; FSDP (no no_sync) reduce-scatters after every one, so
         # gradients accumulate sharded and in fp32 (training/parallel.py)
-        sync = model.no_sync() if (rt.ddp and not last and hasattr(model, "no_sync")) else nullcontext()
-        with sync:
+        with model.no_sync() if rt.ddp and micro < grad_accum - 1 and hasattr(model, "no_sync") else nullcontext():
             with rt.autocast():
                 _, loss = model(x, y)
             loss = loss / grad_accum

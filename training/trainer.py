@@ -31,7 +31,7 @@ from training.logger import RunLogger
 from training.optim import Optimizers, build_optimizers
 from training.parallel import MonitorFollower, agreed_stop, is_sharded, shard_model
 from training.plan import RunPlan, resolve_run
-from training.resume import resume, resume_sharded
+from training.resume import resume
 from training.run_dir import RunDirLock, could_not_write, lock_run_dir, make_out_dir
 from training.runtime import (PeakFlops, Runtime, measure_peak_flops, rng_state, seed_everything, setup_runtime,
                               synchronize, teardown_runtime)
@@ -95,7 +95,7 @@ def _train(cfg: RunConfig, should_stop: Callable[[int], bool] | None) -> TrainRe
 
 @dataclass
 class Run:
-    """Everything the loop works with, built by `setup`."""
+    """Everything the loop works with, built by `build`."""
 
     cfg: RunConfig
     rt: Runtime
@@ -117,18 +117,17 @@ class Run:
 
     def save(self, step_done: int) -> None:
         """Write latest/ with everything a resume needs (main process only; every process under FSDP)."""
+        counters = {"step": step_done, "best_val": self.result.best_val, "skipped_steps": self.result.skipped_steps}
         if self.cfg.train.parallel == "fsdp":
             save_sharded(self.out_dir, self.raw_model, self.optimizers, self.extra, self.rt,
-                         {"step": step_done, "best_val": self.result.best_val, "loader": self.loader.state_dict(),
-                          "skipped_steps": self.result.skipped_steps}, files=self.files)
+                         {**counters, "loader": self.loader.state_dict()}, files=self.files)
             return
         loaders = [self.loader.state_dict()] * self.rt.world_size  # each process's own position in the data
         if self.rt.ddp:
             dist.all_gather_object(loaders, self.loader.state_dict())
         if not self.rt.is_main:
             return
-        state = {"step": step_done, "best_val": self.result.best_val, "skipped_steps": self.result.skipped_steps,
-                 "optimizer": self.optimizers.state_dict(), "loader": loaders[0], "loaders": loaders,
+        state = {**counters, "optimizer": self.optimizers.state_dict(), "loader": loaders[0], "loaders": loaders,
                  "rng": rng_state()}
         save_checkpoint(self.out_dir, LATEST, self.raw_model, self.extra, state, files=self.files)
 
@@ -159,8 +158,7 @@ def build(plan: RunPlan) -> Run:
                          seed=cfg.seed, rank=rt.rank, world_size=rt.world_size, device=rt.device)
     result = TrainResult(out_dir=plan.out_dir, step=0, model=model)
     if plan.resume_point is not None:
-        state = (resume_sharded(plan.resume_point, plan.out_dir, model, optimizers, loader, rt)
-                 if tc.parallel == "fsdp" else resume(plan.resume_point, plan.out_dir, model, optimizers, loader))
+        state = resume(plan.resume_point, plan.out_dir, model, optimizers, loader, rt)
         result.step, result.best_val = state["step"], state["best_val"]
         result.skipped_steps = state.get("skipped_steps", 0)
     if rt.is_main:
@@ -173,17 +171,16 @@ def build(plan: RunPlan) -> Run:
     try:
         if plan.latest is not None:
             logger.write(f"resuming from '{plan.latest}' at step {result.step} (best val {result.best_val:.4f})")
-        run = Run(cfg=cfg, rt=rt, out_dir=plan.out_dir, prepared=prepared, model=_wrap(model, rt),
-                  raw_model=model, optimizers=optimizers, loader=loader, extra=plan.extra, files=plan.files,
-                  logger=logger, monitor=None, result=result)
-        run.scaler = torch.amp.GradScaler("cuda") if rt.autocast_dtype == torch.float16 else None
-        run.tokens_per_step = tc.batch_size * tc.grad_accum * rt.world_size * plan.model_config.block_size
+        tokens_per_step = tc.batch_size * tc.grad_accum * rt.world_size * plan.model_config.block_size
         # each process runs 1/world_size of the step's tokens on its own device, measured against its own peak
-        run.device_flops_per_step = (model.flops_per_token(plan.model_config.block_size) * run.tokens_per_step
-                                     / rt.world_size)
-        run.peak = PeakFlops(tc.peak_flops, lambda: measure_peak_flops(rt.device, rt.autocast_dtype), logger.write)
-        run.monitor = _attention_monitor(cfg, model, prepared, logger, rt, result.step)
-        return run
+        device_flops = model.flops_per_token(plan.model_config.block_size) * tokens_per_step / rt.world_size
+        return Run(cfg=cfg, rt=rt, out_dir=plan.out_dir, prepared=prepared, model=_wrap(model, rt),
+                   raw_model=model, optimizers=optimizers, loader=loader, extra=plan.extra, files=plan.files,
+                   logger=logger, result=result, tokens_per_step=tokens_per_step, device_flops_per_step=device_flops,
+                   scaler=torch.amp.GradScaler("cuda") if rt.autocast_dtype == torch.float16 else None,
+                   peak=PeakFlops(tc.peak_flops, lambda: measure_peak_flops(rt.device, rt.autocast_dtype),
+                                  logger.write),
+                   monitor=_attention_monitor(cfg, model, prepared, logger, rt, result.step))
     except BaseException:
         if logger.bar is not None:
             logger.bar.close()  # end the progress bar's line first: the error printed next gets a line of its own
@@ -196,7 +193,7 @@ def _wrap(model: GPT, rt: Runtime) -> nn.Module:
     wrapped: nn.Module = torch.compile(model) if rt.compile else model
     if rt.ddp and not is_sharded(model):
         from torch.nn.parallel import DistributedDataParallel as DDP
-        wrapped = DDP(wrapped, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
+        wrapped = DDP(wrapped, device_ids=[rt.local_rank] if rt.device.type == "cuda" else None)
     return wrapped
 
 

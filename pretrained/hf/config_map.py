@@ -62,12 +62,11 @@ def _from_gpt2(hf: dict[str, Any], where: str) -> ModelConfig:
     act = hf.get("activation_function", "gelu_new")
     if act not in GELU_TANH:
         _refuse(where, f"activation_function {act!r}", " (attngpt's GELU is the tanh approximation, HF gelu_new)")
-    if hf.get("scale_attn_by_inverse_layer_idx"):
-        _refuse(where, "scale_attn_by_inverse_layer_idx=true")
-    if hf.get("scale_attn_weights", True) is not True:
-        _refuse(where, "scale_attn_weights=false")
-    if hf.get("add_cross_attention"):
-        _refuse(where, "add_cross_attention=true")
+    for setting, given in (("scale_attn_by_inverse_layer_idx=true", hf.get("scale_attn_by_inverse_layer_idx")),
+                           ("scale_attn_weights=false", hf.get("scale_attn_weights", True) is not True),
+                           ("add_cross_attention=true", hf.get("add_cross_attention"))):
+        if given:  # a setting that changes what the network computes
+            _refuse(where, setting)
     return ModelConfig(
         vocab_size=hf["vocab_size"], block_size=hf["n_positions"], n_layer=hf["n_layer"], n_head=hf["n_head"],
         n_kv_head=hf["n_head"], d_model=hf["n_embd"], mlp="gelu", mlp_hidden=hf.get("n_inner"), norm="layernorm",
@@ -77,13 +76,11 @@ def _from_gpt2(hf: dict[str, Any], where: str) -> ModelConfig:
 
 def _rope(hf: dict[str, Any], where: str) -> float:
     """rope_theta, from the classic keys or transformers 5's rope_parameters; scaling of any kind is refused."""
-    params = hf.get("rope_parameters")
-    scaling = hf.get("rope_scaling")
+    params, scaling = hf.get("rope_parameters"), hf.get("rope_scaling")
     if isinstance(params, dict) and params.get("rope_type", "default") not in ("default", None):
-        _refuse(where, f"rope_parameters with rope_type {params.get('rope_type')!r}",
-                " (attngpt's RoPE is unscaled)")
-    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None):
-        kind = scaling.get("rope_type", scaling.get("type"))
+        _refuse(where, f"rope_parameters with rope_type {params['rope_type']!r}", " (attngpt's RoPE is unscaled)")
+    kind = scaling.get("rope_type", scaling.get("type", "default")) if isinstance(scaling, dict) else None
+    if kind not in ("default", None):
         _refuse(where, f"rope_scaling {kind!r}", " (attngpt's RoPE is unscaled)")
     if isinstance(params, dict) and params.get("rope_theta") is not None:
         return float(params["rope_theta"])
@@ -120,8 +117,7 @@ LLAMA_SHAPE = {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu"}
 
 
 def hf_architecture(config: ModelConfig) -> str:
-    """'gpt2' or 'llama': the HF architecture that computes exactly what `config` does; UserError naming the
-    field(s) when there is none."""
+    """'gpt2' or 'llama': the HF architecture computing exactly what `config` does; else UserError naming the fields."""
     ours = {k: getattr(config, k) for k in GPT2_SHAPE}
     for kind, shape in (("gpt2", GPT2_SHAPE), ("llama", LLAMA_SHAPE)):
         if ours == shape:

@@ -23,16 +23,14 @@ from common.errors import UserError
 from common.paths import check_outside_runs, is_own_folder
 from common.writes import fsync_dir, owning, write_file
 from model.gpt import GPT
+from pretrained.checkpoint import weights_to_save
 from pretrained.hf.config_map import hf_architecture, hf_config_from_model
 from pretrained.hf.load import weights_module
 
 
 def hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
     """The model's weights under HF names (tensors may share memory with the model's)."""
-    state = dict(model.state_dict())
-    if model.config.tie_embeddings:
-        state.pop("lm_head.weight")
-    return weights_module(hf_architecture(model.config)).to_hf(state, model.config)
+    return weights_module(hf_architecture(model.config)).to_hf(weights_to_save(model), model.config)
 
 
 def hf_files(model: GPT, bos_id: int | None, eos_id: int | None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -49,8 +47,7 @@ def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out = {}
     for name, t in tensors.items():
         t = t.detach().to("cpu").contiguous()
-        ptr = t.untyped_storage().data_ptr()
-        if ptr in seen:
+        if t.untyped_storage().data_ptr() in seen:
             t = t.clone()
         seen.add(t.untyped_storage().data_ptr())
         out[name] = t
@@ -61,9 +58,7 @@ CONVERT_MARK = ".attngpt-convert.json"  # in every folder write_model_folder wri
 
 
 def check_out_dir(out_dir: Path, force: bool, sources: tuple[Path, ...] = ()) -> None:
-    """Refuse a target that would lose data or write where a reader must not (module doc): a file; a source of
-    the conversion, a folder inside one or holding one; a path inside a run, checkpoint or model folder; a
-    non-empty folder, unless force and it is one written here before."""
+    """Refuse (UserError) an OUT_DIR that would lose data or write where a reader must not (module doc)."""
     out_dir = Path(out_dir).expanduser()
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"OUT_DIR '{out_dir}' is a file: give a new folder")

@@ -37,16 +37,17 @@ def normalize_name(name: str) -> str:
     return name if name.startswith(PREFIX) or name == "lm_head.weight" else PREFIX + name
 
 
+def _pairs(config: ModelConfig) -> list[tuple[str, str, bool]]:
+    """(HF name, attngpt name, transposed?) of every stored tensor (a tied head has none)."""
+    pairs = [(PREFIX + theirs, ours, False) for theirs, ours in TOP]
+    pairs += [(f"{PREFIX}h.{i}.{theirs}", f"blocks.{i}.{ours}", transpose)
+              for i in range(config.n_layer) for theirs, ours, transpose in LAYER]
+    return pairs if config.tie_embeddings else [*pairs, ("lm_head.weight", "lm_head.weight", False)]
+
+
 def from_hf(hf: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
     """HF state (normalized names) -> attngpt state (the names GPT.state_dict uses; a tied head left out)."""
-    out = {ours: hf[PREFIX + theirs] for theirs, ours in TOP}
-    for i in range(config.n_layer):
-        for theirs, ours, transpose in LAYER:
-            w = hf[f"{PREFIX}h.{i}.{theirs}"]
-            out[f"blocks.{i}.{ours}"] = w.t().contiguous() if transpose else w
-    if not config.tie_embeddings:
-        out["lm_head.weight"] = hf["lm_head.weight"]
-    return out
+    return {ours: hf[theirs].t().contiguous() if t else hf[theirs] for theirs, ours, t in _pairs(config)}
 
 
 def to_hf(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
@@ -57,11 +58,4 @@ def to_hf(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torc
         weight = state[name.removesuffix("bias") + "weight"]  # a bias the model does not have: zeros
         return torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device)
 
-    out = {PREFIX + theirs: get(ours) for theirs, ours in TOP}
-    for i in range(config.n_layer):
-        for theirs, ours, transpose in LAYER:
-            w = get(f"blocks.{i}.{ours}")
-            out[f"{PREFIX}h.{i}.{theirs}"] = w.t().contiguous() if transpose else w
-    if not config.tie_embeddings:
-        out["lm_head.weight"] = state["lm_head.weight"]
-    return out
+    return {theirs: get(ours).t().contiguous() if t else get(ours) for theirs, ours, t in _pairs(config)}

@@ -82,8 +82,7 @@ def to_hf(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torc
             out[f"{theirs}self_attn.v_proj.{s}"] = v.contiguous()
             out[f"{theirs}self_attn.o_proj.{s}"] = state[f"{ours}attn.out_proj.{s}"]
             gate, up = state[f"{ours}mlp.fc_in.{s}"].chunk(2)
-            out[f"{theirs}mlp.gate_proj.{s}"] = gate.contiguous()
-            out[f"{theirs}mlp.up_proj.{s}"] = up.contiguous()
+            out[f"{theirs}mlp.gate_proj.{s}"], out[f"{theirs}mlp.up_proj.{s}"] = gate.contiguous(), up.contiguous()
             out[f"{theirs}mlp.down_proj.{s}"] = state[f"{ours}mlp.fc_out.{s}"]
         for their_norm, our_norm in NORMS:
             out[f"{theirs}{their_norm}.weight"] = state[f"{ours}{our_norm}.weight"]

@@ -14,6 +14,7 @@ import torch
 from common.errors import UserError
 from model.config import ModelConfig
 from model.gpt import GPT
+from pretrained.checkpoint import weights_to_save
 from pretrained.hf import gpt2_weights, llama_weights
 from pretrained.hf.config_map import hf_model_type, model_config_from_hf
 from pretrained.hf.source import CONFIG, read_hf_config, read_tensors, tensor_infos, weight_files
@@ -34,22 +35,6 @@ def read_hf_model_config(folder: Path) -> tuple[dict[str, Any], ModelConfig]:
     return hf_config, config
 
 
-def attngpt_shapes(config: ModelConfig) -> dict[str, torch.Tensor]:
-    """GPT(config)'s saved tensors as meta tensors (shapes only, no memory): names as in its checkpoints."""
-    with torch.device("meta"):
-        model = GPT(config)
-    state = dict(model.state_dict())
-    if config.tie_embeddings:
-        state.pop("lm_head.weight")
-    return state
-
-
-def expected_hf_shapes(config: ModelConfig, kind: str) -> dict[str, tuple[int, ...]]:
-    """HF name -> shape of every tensor the HF model equal to `config` stores."""
-    hf = weights_module(kind).to_hf(attngpt_shapes(config), config)
-    return {name: tuple(t.shape) for name, t in hf.items()}
-
-
 @dataclass
 class WeightPlan:
     """What to read from a checked folder: files, stored name -> HF name, and whether a spare tied head is stored."""
@@ -66,18 +51,19 @@ def check_hf_weights(folder: Path, hf_config: dict[str, Any], config: ModelConfi
     kind = hf_model_type(hf_config, str(folder / CONFIG))
     module = weights_module(kind)
     files = weight_files(folder)
-    infos = {module.normalize_name(name): (name, info)
-             for name, (info, _) in tensor_infos(files).items() if not module.is_buffer(name)}
-    stored = {theirs: (name, info.shape) for theirs, (name, info) in infos.items()}
+    stored = {module.normalize_name(name): (name, info)  # HF name -> (name in the file, dtype and shape)
+              for name, (info, _) in tensor_infos(files).items() if not module.is_buffer(name)}
     layers = layer_count(stored, module.LAYER_NAME)
     if layers != config.n_layer:
         raise UserError(f"'{folder / CONFIG}' contradicts the weights beside it ({config.n_layer} layers in the "
                         f"config, {layers} in the weights): the folder is damaged or mixes two models")
-    expected = expected_hf_shapes(config, kind)
+    with torch.device("meta"):  # the HF name and shape of every tensor the HF model equal to `config` stores
+        expected = {n: tuple(t.shape) for n, t in module.to_hf(weights_to_save(GPT(config)), config).items()}
     spare_head = config.tie_embeddings and "lm_head.weight" in stored  # some tied checkpoints store it anyway
     missing = sorted(set(expected) - set(stored))
     unexpected = sorted(set(stored) - set(expected) - ({"lm_head.weight"} if spare_head else set()))
-    wrong = [f"{n} {stored[n][1]} vs {expected[n]}" for n in expected if n in stored and stored[n][1] != expected[n]]
+    wrong = [f"{n} {stored[n][1].shape} vs {expected[n]}"
+             for n in expected if n in stored and stored[n][1].shape != expected[n]]
     if missing or unexpected or wrong:
         details = "; ".join(filter(None, [
             f"missing {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}" if missing else "",
@@ -86,33 +72,27 @@ def check_hf_weights(folder: Path, hf_config: dict[str, Any], config: ModelConfi
         raise UserError(f"'{folder / CONFIG}' contradicts the weights beside it ({details}): the folder is "
                         f"damaged or mixes two models")
     read = [*expected, *(["lm_head.weight"] if spare_head else [])]
-    not_float = [f"{n} ({infos[n][1].dtype})" for n in read if infos[n][1].dtype not in FLOAT_DTYPES]
+    not_float = [f"{n} ({stored[n][1].dtype})" for n in read if stored[n][1].dtype not in FLOAT_DTYPES]
     if not_float:
         raise UserError(f"the weights beside '{folder / CONFIG}' store {', '.join(not_float[:3])}"
                         f"{' ...' if len(not_float) > 3 else ''}, not floating-point weights: the folder is damaged")
-    wanted = {stored[n][0]: n for n in read}
-    return WeightPlan(kind=kind, files=files, wanted=wanted, spare_head=spare_head)
+    return WeightPlan(kind=kind, files=files, wanted={stored[n][0]: n for n in read}, spare_head=spare_head)
 
 
 def read_hf_state(folder: Path, hf_config: dict[str, Any], config: ModelConfig,
                   dtype: torch.dtype | None = torch.float32) -> dict[str, torch.Tensor]:
-    """The folder's weights under attngpt's names (checked first, see check_hf_weights); dtype None keeps
-    the stored one."""
+    """The folder's weights under attngpt's names, checked first (check_hf_weights); dtype None keeps the stored one."""
     plan = check_hf_weights(folder, hf_config, config)
     hf_state = {plan.wanted[name]: t for name, t in read_tensors(plan.files, set(plan.wanted), dtype)}
-    if plan.spare_head and not torch.equal(hf_state.pop("lm_head.weight"), hf_state[_embedding_name(plan.kind)]):
+    embedding = "transformer.wte.weight" if plan.kind == "gpt2" else "model.embed_tokens.weight"
+    if plan.spare_head and not torch.equal(hf_state.pop("lm_head.weight"), hf_state[embedding]):
         raise UserError(f"'{folder / CONFIG}' says tie_word_embeddings=true, but the stored lm_head.weight differs "
                         f"from the token embedding: the config contradicts the weights")
     return weights_module(plan.kind).from_hf(hf_state, config)
 
 
-def _embedding_name(kind: str) -> str:
-    return "transformer.wte.weight" if kind == "gpt2" else "model.embed_tokens.weight"
-
-
 def build_model(config: ModelConfig, state: dict[str, torch.Tensor], device: torch.device | str = "cpu") -> GPT:
-    """GPT(config) holding exactly `state`'s tensors (no random init, no copy): built on the meta device,
-    then given the tensors."""
+    """GPT(config) holding exactly `state`'s tensors: built on the meta device (no random init), then given them."""
     with torch.device("meta"):
         model = GPT(config)
     load_state(model, state, assign=True)

@@ -3,9 +3,8 @@ downloaded once into the Hugging Face cache through huggingface_hub; and reading
 safetensors weights (one file, or shards listed in model.safetensors.index.json).
 
 Reading never writes into the folder, and never unpickles: a folder with only pytorch_model.bin is refused.
-Everything is checked at the boundary: JSON files bounded in size before they are read (config.json as
-attngpt's own, MAX_CONFIG_BYTES; the shard index MAX_INDEX_BYTES) and parsed strictly (common/json_file.py);
-weights files complete (safetensors checks every tensor's offsets against the file size when it opens one),
+Everything is checked at the boundary: JSON files bounded in size before they are read (MAX_CONFIG_BYTES,
+MAX_INDEX_BYTES) and parsed strictly (common/json_file.py); weights files complete (pretrained/safetensors_file.py),
 their headers read before any tensor (names, shapes, dtypes), and every tensor finite.
 """
 from __future__ import annotations
@@ -19,11 +18,9 @@ import torch
 from common.errors import UserError
 from common.json_file import read_json
 from common.schema import DictOf, Fields, Str, check
-from pretrained.checkpoint import MAX_CONFIG_BYTES
+from pretrained.checkpoint import CONFIG_FILE as CONFIG, MAX_CONFIG_BYTES, WEIGHTS_FILE as WEIGHTS
 from pretrained.safetensors_file import TensorInfo, open_safetensors, read_header
 
-CONFIG = "config.json"
-WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 # what a download fetches: config, weights (top level only) and tokenizer files, nothing else in the repo
 HUB_FILES = [CONFIG, "generation_config.json", WEIGHTS, INDEX, "model-*-of-*.safetensors", "tokenizer.json",
@@ -112,9 +109,7 @@ def read_tensors(files: list[Path], names: set[str], dtype: torch.dtype | None) 
     """The tensors `names` (a subset of the files' names), cast to dtype, each checked finite."""
     for path in files:
         with open_safetensors(path) as f:
-            for name in f.keys():
-                if name not in names:
-                    continue
+            for name in (n for n in f.keys() if n in names):
                 try:
                     tensor = f.get_tensor(name)
                 except Exception as e:

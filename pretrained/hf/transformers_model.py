@@ -16,20 +16,14 @@ from pretrained.hf.export import hf_state_dict
 HF_EXTRA = "pip install -e '.[hf]'"
 
 
-def require_transformers() -> Any:
+def to_transformers(model: GPT, attn_implementation: str | None = None) -> Any:
+    """A transformers model with `model`'s weights (copied), in eval mode, on its device and dtype.
+    attn_implementation: e.g. "eager" or "sdpa" (transformers' default when None)."""
     try:
         import transformers
     except ImportError:
         raise UserError(f"this needs the transformers package: {HF_EXTRA}") from None
-    return transformers
-
-
-def to_transformers(model: GPT, attn_implementation: str | None = None) -> Any:
-    """A transformers model with `model`'s weights (copied), in eval mode, on its device and dtype.
-    attn_implementation: e.g. "eager" or "sdpa" (transformers' default when None)."""
-    transformers = require_transformers()
-    hf_cfg = dict(hf_config_from_model(model.config))
-    hf_cfg.pop("architectures")
+    hf_cfg = {k: v for k, v in hf_config_from_model(model.config).items() if k != "architectures"}
     config = transformers.AutoConfig.for_model(hf_cfg.pop("model_type"), **hf_cfg)
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
     param = model.tok_emb.weight

@@ -1,7 +1,8 @@
 """Where a reader may write (common/paths.py): never inside a run or a checkpoint or model folder. The rule on
-generated folder layouts against an independent reading of the same layout; then convert.py and sample.py on a
-real run, with generated targets: each ends in exit 0 or one line and exit 2, writes nothing outside the folder
-it was given, and leaves the run's checkpoint exactly as it was."""
+generated folder layouts against an independent reading of the same layout (convert.py's check_out_dir on the same
+layouts: tests/pretrained/hf/test_export.py); then convert.py and sample.py on a real run, with generated targets:
+each ends in exit 0 or one line and exit 2, writes nothing outside the folder it was given, and leaves the run's
+checkpoint exactly as it was."""
 from __future__ import annotations
 
 import contextlib
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 
 from common.errors import UserError
 from common.paths import CHECKPOINT_NAMES, MODEL_FILES, RUN_CONFIG, RUN_LOCK, enclosing_run, expand_path
-from pretrained.hf.export import CONVERT_MARK, check_out_dir
+from pretrained.hf.export import CONVERT_MARK
 from tests.helpers import prepared_shakespeare_dir
 
 # what each generated mark puts into its folder; the first group marks a run or model folder, the second not
@@ -106,32 +107,6 @@ def test_enclosing_run_finds_the_deepest_marked_folder_on_generated_layouts(tmp_
         else:
             assert found is not None and found[0] == (root / "tree").joinpath(*expected).resolve(), (layout, found)
             assert found[1].startswith("it holds ")
-
-
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(layout=layouts, force=st.booleans(), source=st.lists(st.sampled_from(NAMES), min_size=1, max_size=3))
-def test_convert_out_dir_rule_on_generated_layouts(tmp_path_factory, layout, force, source):
-    """check_out_dir refuses exactly what the rule says: a source (or a folder inside or around one), anything in
-    a run or model folder, a non-empty folder unless --force and convert.py's own; and refusing changes nothing."""
-    root = tmp_path_factory.mktemp("layout")
-    marks = build(root, layout["folders"])
-    target, out = layout["target"], root.joinpath(*layout["target"])
-    src = root.joinpath(*source)
-    before = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
-    # the layout's own account of what is there (not the file system's)
-    held = contents(marks, target) if target in marks else set()
-    own = CONVERT_MARK in held and not any(e.endswith("/") for e in held)
-    nonempty = bool(held)
-    overlap = tuple(source) in marks and (target[:len(source)] == tuple(source) or tuple(source)[:len(target)] == target)
-    allowed = not overlap and expected_enclosing(marks, target, own=True) is None and (not nonempty or (force and own))
-    try:
-        check_out_dir(out, force, (src,) if src.exists() else ())
-        refused = False
-    except UserError as e:
-        refused = True
-        assert "\n" not in str(e) and ("OUT_DIR" in str(e) or "--force" in str(e)), str(e)
-    assert refused != allowed, (layout, force, source)
-    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before
 
 
 def test_the_rule_knows_the_files_runs_and_checkpoints_write():

@@ -1,4 +1,5 @@
-"""BatchLoader: exact shifted windows, in bounds, seeded, resumable, distinct per rank and split."""
+"""data/loader.py, BatchLoader: exact shifted windows, in bounds, seeded, resumable, distinct per rank and split
+(a split of several shards read as one stream: test_shards.py)."""
 from __future__ import annotations
 
 import json
@@ -11,16 +12,7 @@ import torch
 from common.errors import UserError
 from data.loader import BatchLoader
 from data.shards import SplitFiles
-
-
-def write_bin(path: Path, tokens: np.ndarray) -> Path:
-    tokens.tofile(path)
-    return path
-
-
-@pytest.fixture
-def train_bin(tmp_path: Path) -> Path:
-    return write_bin(tmp_path / "train.bin", np.arange(1000, dtype=np.uint16))
+from tests.helpers import write_bin
 
 
 def draw(loader: BatchLoader, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -117,24 +109,6 @@ def test_cuda_batches_equal_cpu_batches(train_bin: Path) -> None:
     gpu = draw(BatchLoader(SplitFiles(train_bin, np.uint16), 32, 8, seed=5, device="cuda"), 3)
     assert all(x.is_cuda and y.is_cuda for x, y in gpu)
     assert same(cpu, [(x.cpu(), y.cpu()) for x, y in gpu])
-
-
-def test_shards_read_as_one_stream_give_the_batches_of_one_file(tmp_path: Path, train_bin: Path) -> None:
-    """The same 1000 ids cut into 3 unequal shards: every window is exact (some straddle a boundary) and
-    the batches equal those of the single file."""
-    ids = np.arange(1000, dtype=np.uint16)
-    cuts = [0, 17, 600, 1000]
-    paths = [write_bin(tmp_path / f"train_{k:05d}.bin", ids[a:b]) for k, (a, b) in enumerate(zip(cuts, cuts[1:]))]
-    sharded = BatchLoader(SplitFiles(paths, np.uint16), block_size=32, batch_size=8, seed=4)
-    single = BatchLoader(SplitFiles(train_bin, np.uint16), block_size=32, batch_size=8, seed=4)
-    assert sharded.split == single.split == "train" and sharded.n_tokens == 1000
-    straddling = 0
-    for (x, y), (x1, y1) in zip(draw(sharded, 40), draw(single, 40)):
-        assert torch.equal(x, x1) and torch.equal(y, y1)
-        assert torch.equal(x, x[:, :1] + torch.arange(32)) and torch.equal(y, x + 1)
-        straddling += int(((x[:, 0] < 600) & (x[:, -1] >= 600)).sum() + ((x[:, 0] < 17) & (x[:, -1] >= 17)).sum())
-    assert straddling > 0
-    assert sharded.stream.read(10, 620).tolist() == list(range(10, 620))
 
 
 def test_ids_past_the_vocabulary_never_leave_the_loader(train_bin: Path) -> None:

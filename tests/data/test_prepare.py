@@ -1,8 +1,8 @@
-"""prepare_data end to end on tiny corpora: bins, reuse, re-prepare, the datasets path, and every bad input."""
+"""data/prepare.py, prepare_data end to end on tiny corpora: bins, reuse, re-prepare, the datasets path, and
+bad input (where the text comes from: test_sources.py; how a continuous text is encoded: test_pipeline.py)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -11,19 +11,12 @@ import pytest
 
 from common.config_io import from_dict
 from common.errors import UserError
-from data import pipeline, sources
+from data import sources
 from data.config import DataConfig
 from data.prepare import load_prepared, prepare_data
 from data.tokenizer import CharTokenizer, TiktokenTokenizer
 
 SHARED_SHAKESPEARE = Path(__file__).resolve().parents[3] / "shared" / "data" / "tinyshakespeare" / "input.txt"
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "data"
-    monkeypatch.setenv("ATTNGPT_DATA_DIR", str(folder))
-    return folder
 
 
 @pytest.fixture
@@ -100,88 +93,6 @@ def test_unchanged_source_is_reused_and_a_changed_one_prepared_again(shakespeare
     assert changed.train_tokens + changed.val_tokens == 50000
 
 
-def test_tinyshakespeare_download_through_urllib(data_dir: Path, monkeypatch: pytest.MonkeyPatch,
-                                                 tmp_path: Path) -> None:
-    served = tmp_path / "served.txt"
-    served.write_text("To be, or not to be, that is the question.\n" * 20, encoding="utf-8")
-    monkeypatch.setattr(sources, "TINYSHAKESPEARE_URL", served.as_uri())
-    path = sources.ensure_tinyshakespeare(quiet=True)
-    assert path == data_dir / "tinyshakespeare" / "input.txt"
-    assert path.read_bytes() == served.read_bytes()
-
-
-def test_tinyshakespeare_without_network_says_where_to_put_it(data_dir: Path, monkeypatch: pytest.MonkeyPatch,
-                                                              tmp_path: Path) -> None:
-    monkeypatch.setattr(sources, "TINYSHAKESPEARE_URL", (tmp_path / "nowhere.txt").as_uri())
-    with pytest.raises(UserError, match=r"save .* as .*tinyshakespeare/input\.txt"):
-        prepare_data(cfg(), quiet=True)
-    assert list((data_dir / "tinyshakespeare").iterdir()) == []  # no temp file left behind
-
-
-# --- local text -------------------------------------------------------------------------------------------
-
-def test_text_folder_is_read_sorted_like_cat(data_dir: Path, tmp_path: Path) -> None:
-    folder = tmp_path / "corpus"
-    (folder / "sub").mkdir(parents=True)
-    (folder / "b.txt").write_text("second file\nline two\n", encoding="utf-8")
-    (folder / "a.txt").write_text("first file\r\nno newline at end", encoding="utf-8")
-    (folder / "sub" / "c.txt").write_text("third\n", encoding="utf-8")
-    (folder / ".hidden").write_text("never read", encoding="utf-8")
-    prepared = prepare_data(cfg(source="text", path=str(folder), val_fraction=0.2), quiet=True)
-    text = "first file\nno newline at endsecond file\nline two\nthird\n"
-    split_at = int(len(text) * 0.8)
-    tok = prepared.tokenizer
-    assert tok.decode(tokens(prepared, "train")) == text[:split_at]
-    assert tok.decode(tokens(prepared, "val")) == text[split_at:]
-
-
-def test_text_file_list_keeps_its_order(data_dir: Path, tmp_path: Path) -> None:
-    enc = gpt2()
-    (tmp_path / "a.txt").write_text("Alpha beta gamma.\n" * 30, encoding="utf-8")
-    (tmp_path / "b.txt").write_text("Delta epsilon.\n" * 30, encoding="utf-8")
-    files = [str(tmp_path / "b.txt"), str(tmp_path / "a.txt")]
-    prepared = prepare_data(cfg(source="text", path=files, tokenizer="gpt2"), quiet=True)
-    text = (tmp_path / "b.txt").read_text() + (tmp_path / "a.txt").read_text()
-    split_at = int(len(text) * 0.9)
-    assert tokens(prepared, "train") == enc.encode(text[:split_at])
-    assert tokens(prepared, "val") == enc.encode(text[split_at:])
-
-
-def test_streaming_and_num_proc_do_not_change_the_bins(data_dir: Path, tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pipeline, "group_rows", _small_pieces(pipeline.group_rows))
-    path = tmp_path / "t.txt"
-    path.write_text("".join(f"Line {i} of the corpus.\n" for i in range(400)), encoding="utf-8")
-    base = prepare_data(cfg(source="text", path=str(path)), quiet=True)
-    expected = {s: tokens(base, s) for s in ("train", "val")}
-    for extra in ({"streaming": True}, {"num_proc": 2}):
-        again = prepare_data(cfg(source="text", path=str(path), **extra), quiet=True, force=True)
-        assert {s: tokens(again, s) for s in ("train", "val")} == expected, extra
-
-
-def test_a_parallel_prepare_leaves_os_environ_as_it_was(data_dir: Path, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """datasets' map(num_proc > 1) rebinds os.environ to a copy: a variable set before it (here data_dir's
-    ATTNGPT_DATA_DIR, which monkeypatch removes afterwards) would outlive its undo and send a later run's
-    data elsewhere."""
-    monkeypatch.setattr(pipeline, "group_rows", _small_pieces(pipeline.group_rows))
-    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
-    path = tmp_path / "t.txt"
-    path.write_text("".join(f"Line {i} of the corpus.\n" for i in range(400)), encoding="utf-8")
-    environ = os.environ
-    prepare_data(cfg(source="text", path=str(path), num_proc=2), quiet=True)
-    assert os.environ is environ
-    assert "TOKENIZERS_PARALLELISM" not in os.environ
-    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
-    prepare_data(cfg(source="text", path=str(path), num_proc=2), quiet=True, force=True)
-    assert os.environ is environ and os.environ["TOKENIZERS_PARALLELISM"] == "true"
-
-
-def _small_pieces(group_rows):
-    """Force many pieces on a tiny corpus so the piece boundaries and the split inside a piece are exercised."""
-    return lambda rows, target_chars=0, max_chars=None: group_rows(rows, target_chars=500)
-
-
 # --- documents through datasets (parquet / json stand in for the hub: same load_dataset call) ---------------
 
 @pytest.mark.parametrize("fmt", ["parquet", "json"])
@@ -204,15 +115,6 @@ def test_document_corpus_char_streaming_and_parallel_agree(data_dir: Path, tmp_p
     for extra in ({"streaming": True}, {"num_proc": 2}):
         again = prepare_data(cfg(source="hub", name="parquet", data_files=str(path), **extra), quiet=True, force=True)
         assert (tokens(again, "train"), tokens(again, "val")) == (tokens(base, "train"), tokens(base, "val")), extra
-
-
-def test_max_docs_caps_and_text_column_is_chosen(data_dir: Path, tmp_path: Path) -> None:
-    path = write_docs(tmp_path, "json", column="story")
-    for streaming in (False, True):
-        prepared = prepare_data(cfg(source="hub", name="json", data_files=str(path), text_column="story",
-                                    max_docs=20, streaming=streaming), quiet=True, force=True)
-        assert prepared.meta["documents"] == {"train": 18, "val": 2}
-        assert prepared.tokenizer.decode(tokens(prepared, "val")) == DOCS[9] + "\n" + DOCS[19] + "\n"
 
 
 def test_empty_documents_are_skipped(data_dir: Path, tmp_path: Path) -> None:
@@ -272,18 +174,6 @@ def test_interrupt_during_encoding_leaves_nothing_trusted(data_dir: Path, tmp_pa
 
 # --- bad input -----------------------------------------------------------------------------------------------
 
-def test_missing_path_and_empty_inputs(data_dir: Path, tmp_path: Path) -> None:
-    with pytest.raises(UserError, match="does not exist"):
-        prepare_data(cfg(source="text", path=str(tmp_path / "nope.txt")), quiet=True)
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(UserError, match="holds no files"):
-        prepare_data(cfg(source="text", path=str(tmp_path / "empty")), quiet=True)
-    (tmp_path / "zero.txt").write_bytes(b"")
-    with pytest.raises(UserError, match="empty"):
-        prepare_data(cfg(source="text", path=str(tmp_path / "zero.txt")), quiet=True)
-    with pytest.raises(UserError, match="matches no file"):
-        prepare_data(cfg(source="hub", name="parquet", data_files=str(tmp_path / "*.parquet")), quiet=True)
-
 
 def test_all_empty_documents_is_an_empty_corpus(data_dir: Path, tmp_path: Path) -> None:
     path = write_docs(tmp_path, "parquet", ["", "", ""])
@@ -299,15 +189,6 @@ def test_non_utf8_text_is_refused_with_file_and_offset(data_dir: Path, tmp_path:
     files = [str(tmp_path / "ok.txt"), str(tmp_path / "latin1.txt")]
     with pytest.raises(UserError, match=r"latin1\.txt' is not UTF-8 text \(byte 0xe9 at offset 3\)"):
         prepare_data(cfg(source="text", path=files, streaming=streaming), quiet=True)
-
-
-def test_missing_text_column_names_the_columns(data_dir: Path, tmp_path: Path) -> None:
-    path = write_docs(tmp_path, "parquet", column="story")
-    for streaming in (False, True):
-        with pytest.raises(UserError, match=r"no column 'text' \(columns: story, id\)"):
-            prepare_data(cfg(source="hub", name="parquet", data_files=str(path), streaming=streaming), quiet=True)
-    with pytest.raises(UserError, match="not text"):
-        prepare_data(cfg(source="hub", name="parquet", data_files=str(path), text_column="id"), quiet=True)
 
 
 def test_unreachable_hub_dataset_is_one_line(data_dir: Path) -> None:
@@ -342,11 +223,3 @@ def test_load_prepared_on_a_plain_folder(tmp_path: Path) -> None:
         load_prepared(tmp_path)
 
 
-def test_a_vocabulary_past_uint16_is_stored_as_uint32(data_dir: Path, tmp_path: Path) -> None:
-    chars = [chr(c) for c in range(0x21, 0x11000) if not 0xD800 <= c <= 0xDFFF]  # 67,551 distinct characters
-    text = "".join("".join(chars[i:i + 100]) + "\n" for i in range(0, len(chars), 100))
-    (tmp_path / "wide.txt").write_text(text, encoding="utf-8")
-    prepared = prepare_data(cfg(source="text", path=str(tmp_path / "wide.txt")), quiet=True)
-    assert prepared.tokenizer.vocab_size == len(chars) + 1 and prepared.dtype == np.uint32
-    assert prepared.split_paths('train')[0].stat().st_size == 4 * prepared.train_tokens
-    assert prepared.tokenizer.decode(tokens(prepared, "train") + tokens(prepared, "val")) == text

@@ -5,6 +5,8 @@
   mount) exits 2 with one line naming the file;
 - a complete folder on a read-only mount trains as it is, and nothing in it changes (no lock file);
 - a folder of the older layout (train.bin / val.bin) is still read, and gives the same batches.
+
+The sampled check of a large folder's ids: test_shards.py.
 """
 from __future__ import annotations
 
@@ -15,8 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.errors import UserError
-from data import shards as shards_module
 from data.loader import BatchLoader
 from data.prepare import load_prepared, prepare_data
 from data.shards import SplitFiles
@@ -71,29 +71,6 @@ def test_ids_past_the_vocabulary_stop_training_with_one_line(data_dir, tmp_path)
     assert_one_line_error(refused, "train.py", "val_00000.bin' holds token id 65", "only 65 ids")
     trained = run_cli([*TRAIN, f"out_dir={tmp_path / 'out'}"], env_extra=env)  # the writer prepares it again
     assert trained.returncode == 0 and "preparing it again" in trained.stderr, trained.stderr[-2000:]
-
-
-def test_a_large_folder_is_sampled_and_the_loader_checks_every_batch(data_dir, monkeypatch):
-    """Past FULL_CHECK_TOKENS only sampled blocks are read when a folder opens; an id outside them is
-    caught by the batch that draws it, before it reaches the model."""
-    folder = folder_of(data_dir)
-    monkeypatch.setattr(shards_module, "FULL_CHECK_TOKENS", 0)
-    monkeypatch.setattr(shards_module, "SAMPLE_TOKENS", 1000)
-    ids = np.memmap(folder / "train_00000.bin", dtype=np.uint16, mode="r+")
-    hidden = len(ids) // 3  # between the sampled blocks (at 0, 1/3 - 1000/3, 2/3 - ... of the shard)
-    ids[hidden + 5000] = 65
-    ids.flush()
-    del ids
-    prepared = load_prepared(folder)  # the sample misses it
-    loader = BatchLoader(prepared.split_files("train"), block_size=64, batch_size=64, seed=0)
-    drawn = 0
-    with pytest.raises(UserError, match="holds token id 65, but the tokenizer has only 65 ids"):
-        for drawn in range(2000):  # seeded: the same batches every run; one of them covers the bad id
-            loader.next_batch()
-    assert drawn > 0  # the batches before it passed
-    monkeypatch.setattr(shards_module, "FULL_CHECK_TOKENS", 1 << 27)
-    with pytest.raises(UserError, match="train_00000.bin' holds token id 65"):
-        load_prepared(folder)
 
 
 def test_a_folder_of_the_older_layout_is_read_and_gives_the_same_batches(data_dir):

@@ -1,5 +1,6 @@
 """Document corpora in parts: parallel workers, shards per part, the same tokens whatever num_proc or
-streaming, and a killed prepare that resumes at the first unfinished part (through the real command line)."""
+streaming, and a killed prepare that resumes at the first unfinished part (through the real command line). A
+worker's error: test_workers.py."""
 from __future__ import annotations
 
 import json
@@ -14,7 +15,6 @@ import numpy as np
 import pytest
 
 from common.config_io import from_dict
-from common.errors import UserError
 from data import sharded
 from data.config import DataConfig
 from data.prepare import prepare_data
@@ -68,12 +68,6 @@ def expected_tokens(val_fraction: float = 0.1) -> dict[str, list[int]]:
     return out
 
 
-@pytest.fixture
-def data_dir(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("ATTNGPT_DATA_DIR", str(tmp_path / "data"))
-    return tmp_path / "data"
-
-
 def test_parts_follow_the_files_and_tokens_do_not_depend_on_num_proc_or_streaming(corpus_files, data_dir,
                                                                                    monkeypatch):
     expected = expected_tokens()
@@ -103,16 +97,6 @@ def test_char_vocabulary_of_documents_is_scanned_in_parallel(corpus_files, data_
     assert split_tokens(one, "val") == split_tokens(two, "val")
     assert one.tokenizer.decode(split_tokens(two, "val")) == "".join(
         d + "\n" for i, d in enumerate(all_docs()) if i % 10 == 9 and d)
-
-
-def test_a_worker_error_is_one_user_error(tmp_path, data_dir):
-    bad = [tmp_path / "ok.jsonl", tmp_path / "bad.jsonl"]
-    bad[0].write_text('{"text": "fine"}\n' * 3, encoding="utf-8")
-    bad[1].write_bytes(b'{"text": "caf\xe9"}\n')
-    config = from_dict(DataConfig, {"source": "hub", "name": "json", "data_files": [str(f) for f in bad],
-                                    "streaming": True, "num_proc": 2}, "data.")
-    with pytest.raises(UserError, match="not UTF-8"):
-        prepare_data(config, quiet=True)
 
 
 # --- a killed prepare, through the command line ---------------------------------------------------------------

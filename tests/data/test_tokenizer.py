@@ -1,18 +1,14 @@
-"""Tokenizers, DataConfig validation and the split/cut rules of data/splitting.py."""
+"""data/tokenizer.py: the char and tiktoken tokenizers, their JSON descriptions and their errors (DataConfig:
+test_config.py; the split/cut rules of data/splitting.py: test_splitting.py)."""
 from __future__ import annotations
 
 import json
-from io import StringIO
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.config_io import from_dict
 from common.errors import UserError
-from data.config import DataConfig
-from data.splitting import (group_rows, split_piece, text_split_point, val_document_count, val_document_mask)
 from data.tokenizer import CharTokenizer, TiktokenTokenizer, tokenizer_from_json
 
 
@@ -131,76 +127,3 @@ def test_undownloadable_encoding_is_told_apart(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(tiktoken, "get_encoding", offline)
     with pytest.raises(UserError, match="cannot load tiktoken encoding 'cl100k_base'.*TIKTOKEN_CACHE_DIR"):
         TiktokenTokenizer("cl100k_base")
-
-
-# --- DataConfig -------------------------------------------------------------------------------------------
-
-def test_data_config_defaults_are_valid() -> None:
-    cfg = from_dict(DataConfig, {}, "data.")
-    assert cfg.source == "tinyshakespeare" and cfg.tokenizer == "char" and cfg.val_fraction == 0.1
-
-
-@pytest.mark.parametrize("raw, message", [
-    ({"val_fraction": 0}, "val_fraction"),
-    ({"val_fraction": 1.5}, "val_fraction"),
-    ({"tokenizer": "gtp2"}, "did you mean 'gpt2'"),
-    ({"source": "tinyshakspeare"}, "did you mean 'tinyshakespeare'"),
-    ({"source": "hub"}, "needs name"),
-    ({"source": "text"}, "needs path"),
-    ({"path": "x.txt"}, "only used with source 'text'"),
-    ({"source": "text", "path": "x.txt", "name": "parquet"}, "only used with source 'hub'"),
-    ({"source": "hub", "name": "parquet", "num_proc": 0}, "num_proc"),
-    ({"source": "hub", "name": "parquet", "max_docs": 0}, "max_docs"),
-    ({"source": "text", "path": []}, "path"),
-    ({"tokenizr": "gpt2"}, "did you mean 'data.tokenizer'"),
-])
-def test_data_config_rejects_bad_values(raw: dict, message: str) -> None:
-    with pytest.raises(UserError, match=message):
-        from_dict(DataConfig, raw, "data.")
-
-
-def test_data_config_path_accepts_one_or_many() -> None:
-    assert from_dict(DataConfig, {"source": "text", "path": "a.txt"}).text_paths() == ["a.txt"]
-    assert from_dict(DataConfig, {"source": "text", "path": ["a", "b"]}).text_paths() == ["a", "b"]
-
-
-# --- splitting --------------------------------------------------------------------------------------------
-
-def test_text_split_point_is_nanogpts() -> None:
-    assert text_split_point(1115394, 0.1) == int(1115394 * 0.9) == 1003854
-
-
-def test_document_split_is_every_kth_and_exact() -> None:
-    idx = np.arange(100)
-    assert np.flatnonzero(val_document_mask(idx, 0.1)).tolist() == [9, 19, 29, 39, 49, 59, 69, 79, 89, 99]
-    for f in (0.05, 0.1, 0.25, 1 / 3, 0.5):
-        for n in (1, 7, 30, 1000):
-            assert int(val_document_mask(np.arange(n), f).sum()) == val_document_count(n, f)
-    # a document's side depends on its index only (streaming batches agree with one big batch)
-    assert val_document_mask(np.arange(50, 60), 0.1).tolist() == val_document_mask(idx, 0.1)[50:60].tolist()
-
-
-def test_split_piece_straddling_and_outside() -> None:
-    assert split_piece("abcdef", 10, 13) == ("abc", "def")
-    assert split_piece("abcdef", 10, 5) == ("", "abcdef")
-    assert split_piece("abcdef", 10, 99) == ("abcdef", "")
-
-
-def test_group_rows_reassembles_and_tracks_offsets() -> None:
-    rows = [f"line {i}.\n" for i in range(100)]
-    pieces = list(group_rows(rows, target_chars=50))
-    assert len(pieces) > 5
-    assert "".join(p.text for p in pieces) == "".join(rows)
-    for p in pieces:
-        assert p.text == "".join(rows[p.start_row:p.stop_row])
-        assert p.start_char == len("".join(rows[:p.start_row]))
-
-
-@settings(max_examples=300, deadline=None)
-@given(text=st.text(alphabet=st.sampled_from(list("ab Z1.'\n\n\t  ,-é\U0001F600s/")), max_size=300),
-       target=st.integers(1, 30))
-def test_safe_cuts_do_not_change_bpe_tokens(text: str, target: int) -> None:
-    tok = _gpt2_or_skip()
-    rows = StringIO(text, newline="").readlines()
-    pieces = list(group_rows(rows, target_chars=target, max_chars=10**9))
-    assert [i for p in pieces for i in tok.encode(p.text)] == tok.encode(text)

@@ -1,6 +1,7 @@
-"""What the explorer is built from, checked without a browser: GPT.attention_internals against the layer
-it describes, value-weighted attention against a float64 loop, the 8-bit packing, the byte budget, and
-the page's data decoded in Python (tests/insight/test_explorer_browser.py and insight/test_explorer_text_view.py drive the page itself)."""
+"""insight/explorer/, what the explorer is built from, checked without a browser: GPT.attention_internals against
+the layer it describes, the byte budget, and the page's data decoded in Python (tests/insight/test_explorer_browser.py
+and insight/test_explorer_text_view.py drive the page itself; value-weighted attention against a float64 loop:
+insight/test_value_weighted.py; the 8-bit packing and the choice of detail heads: insight/explorer/test_pack.py)."""
 from __future__ import annotations
 
 import base64
@@ -16,7 +17,7 @@ import torch
 
 from insight.dump import dump_internals
 from insight.explorer import ExplorerOptions, HeadScores, explorer_html
-from insight.explorer.pack import choose_detail, dequantise_rows, detail_order, quantise_rows
+from insight.explorer.pack import dequantise_rows
 from insight.stats import head_stats
 from insight.value_weighted import value_norms, value_weighted
 from model import GPT, ModelConfig
@@ -103,56 +104,6 @@ def test_internals_leave_training_mode_as_it_was():
     model = lively_model().train()
     model.attention_internals(ids(5), layers=[1])
     assert model.training
-
-
-@pytest.mark.parametrize("arch", ["mha", "gqa", "mqa"])
-def test_value_weighted_equals_a_float64_loop(arch):
-    """||alpha_ij v_j W_O^h|| per head, query and key, by hand in numpy float64, head h reading kv head h // n_rep."""
-    model = lively_model(seed=4, **ARCHS[arch])
-    it = model.attention_internals(ids(12))[1]
-    alpha, v, w_o = it.weights[0].double().numpy(), it.v[0].double().numpy(), it.out_weight.double().numpy()
-    n_head, T, _ = alpha.shape
-    n_rep, D = n_head // v.shape[0], v.shape[-1]
-    expected = np.zeros((n_head, T, T))
-    for h in range(n_head):
-        w_o_h = w_o[:, h * D:(h + 1) * D]  # (d_model, D)
-        for i in range(T):
-            for j in range(T):
-                expected[h, i, j] = np.linalg.norm(alpha[h, i, j] * (w_o_h @ v[h // n_rep, j]))
-    got = value_weighted(it.weights, it.v, it.out_weight)[0].numpy()
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)
-    norms = value_norms(it.v, it.out_weight, n_head)[0].numpy()
-    assert norms.shape == (n_head, T) and norms.std() > 0.1 * norms.mean()  # the norms differ: weighting matters
-    # the ranking of keys changes for some query: value-weighting is not a rescaled copy of the weights
-    assert (np.argmax(got, axis=-1) != np.argmax(alpha, axis=-1)).any()
-
-
-# --- packing ---------------------------------------------------------------------------------------
-
-def test_8bit_rows_come_back_within_half_a_step():
-    torch.manual_seed(0)
-    T = 30
-    scores = torch.randn(3, T, T, dtype=torch.float64) * 3
-    w = torch.softmax(scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")), -1).float().numpy()
-    codes, row_max = quantise_rows(w)
-    assert codes.shape == (3, T * (T + 1) // 2) and codes.dtype == np.uint8
-    np.testing.assert_array_equal(row_max, w.max(axis=-1))
-    back = dequantise_rows(codes, row_max)
-    assert (np.abs(back - w) <= row_max[..., None] / 510 * (1 + 1e-5)).all()
-    assert (back[:, np.triu_indices(T, 1)[0], np.triu_indices(T, 1)[1]] == 0).all()
-    assert (codes.reshape(3, -1).max(axis=-1) == 255).all()  # each row's peak uses the full range
-
-
-def test_detail_heads_are_chosen_selected_first_within_the_budget():
-    order = detail_order([0, 1], {0: [2], 1: [1, 3]}, n_head=4)
-    assert order[:3] == [(0, 2), (1, 1), (1, 3)] and len(order) == 8
-    # n_rep 2: heads 0,1 read kv head 0 and heads 2,3 kv head 1; a q costs 1 unit, a new kv head's k + v 2
-    assert choose_detail(order, 2, 1, budget=3) == {0: [2]}
-    assert choose_detail(order, 2, 1, budget=9) == {0: [2], 1: [1, 3]}  # 3 + 3 + 3: the selected heads
-    # 7: (1, 3) does not fit, but head 3 of layer 0 costs only its q (kv head 1 is in): 3 + 3 + 1
-    assert choose_detail(order, 2, 1, budget=7) == {0: [2, 3], 1: [1]}
-    assert choose_detail(order, 2, 1, budget=10) == {0: [2, 3], 1: [1, 3]}
-    assert choose_detail(order, 2, 1, budget=2) == {}
 
 
 # --- the page's data -------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 train.init_from read best/ (the lowest val loss), falling back to latest/ only when there is no best/ (nor a
 best/ in the middle of its swap); a resume reads latest/; a checkpoint folder named directly is read as it is.
 The two checkpoints differ in their weights (and the step they record), so every pick shows in what is read.
+train.init_from's pick (and a resume's): tests/training/test_init_from.py.
 """
 from __future__ import annotations
 
@@ -17,9 +18,8 @@ from data.tokenizer import CharTokenizer
 from model import GPT
 from pretrained.checkpoint import BEST, LATEST, find_checkpoint, load_checkpoint, save_model
 from pretrained.load import open_pretrained
-from tests.helpers import TINY, tiny_config
+from tests.helpers import TINY
 from training.config import load_run_config
-from training.init_from import init_source
 
 CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # tinyshakespeare's 65
 
@@ -78,14 +78,3 @@ def test_sampling_and_conversion_read_best(run, capsys):
 
     from_run, from_best, from_latest = text(run), text(run / BEST), text(run / LATEST)
     assert from_run == from_best != from_latest
-
-
-def test_init_from_an_out_dir_starts_from_best_and_a_resume_from_latest(run, tmp_path):
-    cfg = tiny_config(tmp_path / "new", f"train.init_from={run}")
-    source = init_source(cfg, latest=None)
-    assert source.folder == run / BEST
-    model = model_of(9)
-    source.load_into(model)
-    assert torch.equal(weights(model), weights(model_of(2)))
-    resumed = init_source(cfg, latest=run / LATEST)  # out_dir already holds a checkpoint: the run's own latest/
-    assert resumed.folder == run / LATEST

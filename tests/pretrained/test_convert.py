@@ -1,7 +1,7 @@
-"""Hugging Face checkpoints in and out, in-process: tiny random GPT2LMHeadModel / LlamaForCausalLM folders
-(tests/hf_models.py) must give attngpt the same logits and the same greedy tokens as transformers; attngpt
-models exported to the HF layout must load in transformers with the same logits; HF -> attngpt -> HF must give
-back every tensor bit for bit."""
+"""pretrained/convert.py, Hugging Face checkpoints in and out, in-process: tiny random GPT2LMHeadModel /
+LlamaForCausalLM folders (tests/hf_models.py, made in conftest.py) must give attngpt the same logits and the same
+greedy tokens as transformers; attngpt models exported to the HF layout must load in transformers with the same
+logits; HF -> attngpt -> HF must give back every tensor bit for bit."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.hf_models import QK_SCALE, hf_logits, make_gpt2, make_llama, transformers_or_skip
+from tests.hf_models import QK_SCALE, hf_logits, make_llama, transformers_or_skip
 
 transformers = transformers_or_skip()
 
@@ -25,15 +25,6 @@ from pretrained.convert import from_hf, to_hf  # noqa: E402
 from pretrained.load import open_pretrained  # noqa: E402
 
 TOLERANCE = 1e-4  # max abs logit difference, float32
-
-
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("hf")
-    return {"gpt2": make_gpt2(root / "gpt2"), "llama": make_llama(root / "llama", seed=1),
-            "llama_tied": make_llama(root / "llama_tied", seed=2, tied=True),
-            "llama_bias": make_llama(root / "llama_bias", seed=3, attention_bias=True, mlp_bias=True,
-                                     num_key_value_heads=1, rope_theta=500.0, rms_norm_eps=1e-3)}
 
 
 def prompt(source, text="The animal didn't cross the street because it was tired") -> torch.Tensor:
@@ -184,21 +175,6 @@ def test_mistral_without_a_sliding_window_is_llama(tmp_path):
         assert (model(idx)[0] - hf_model(idx).logits).abs().max().item() <= TOLERANCE
 
 
-def test_sharded_weights_load(tmp_path):
-    transformers_or_skip()
-    folder = tmp_path / "sharded"
-    make_llama(folder, seed=4)
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder)
-    model.save_pretrained(tmp_path / "resharded", max_shard_size="20KB")
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        (tmp_path / "resharded" / name).write_bytes((folder / name).read_bytes())
-    assert (tmp_path / "resharded" / "model.safetensors.index.json").is_file()
-    assert len(list((tmp_path / "resharded").glob("model-*.safetensors"))) > 2
-    a = open_pretrained(str(folder)).build()
-    b = open_pretrained(str(tmp_path / "resharded")).build()
-    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
-
-
 def test_tokenizers_round_trip_through_the_hf_layout(folders, tmp_path):
     text = "The animal didn't cross the street because it was tired. ROMEO: <s> naïve ½ 12345\n\n  x"
     for name in ("gpt2", "llama"):
@@ -248,21 +224,6 @@ def test_a_config_attngpt_cannot_be_is_refused_naming_the_setting(folders, tmp_p
     assert fragment in str(info.value), str(info.value)
 
 
-def test_damaged_weights_are_refused(folders, tmp_path):
-    folder = tmp_path / "damaged"
-    folder.mkdir()
-    for path in folders["gpt2"].iterdir():
-        (folder / path.name).write_bytes(path.read_bytes())
-    data = (folder / "model.safetensors").read_bytes()
-    (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
-    with pytest.raises(UserError, match="corrupted or truncated"):
-        open_pretrained(str(folder)).build()
-    (folder / "model.safetensors").unlink()
-    (folder / "pytorch_model.bin").write_bytes(b"not read")
-    with pytest.raises(UserError, match="no model.safetensors .* pickle files, which attngpt never loads"):
-        open_pretrained(str(folder))
-
-
 def test_a_configuration_without_an_hf_equivalent_is_refused_naming_the_field(tmp_path):
     config = ModelConfig(vocab_size=70, block_size=16, n_layer=1, n_head=2, d_model=16, pos="rope", norm="layernorm",
                          mlp="gelu")
@@ -290,29 +251,3 @@ def test_a_long_context_model_samples_with_a_cache_sized_to_the_generation(monke
     assert out.shape == (1, 12) and sizes == [12]
 
 
-@pytest.mark.parametrize("name, embedding", [("gpt2", "transformer.wte.weight"),
-                                             ("llama_tied", "model.embed_tokens.weight")])
-def test_a_tied_checkpoint_that_also_stores_its_head_loads_if_the_copy_is_the_embedding(folders, tmp_path, name,
-                                                                                        embedding):
-    """Some tied checkpoints store lm_head.weight anyway: a copy equal to the embedding is accepted (same
-    logits as without it); one that differs contradicts tie_word_embeddings and is refused."""
-    from safetensors.torch import save_file
-    reference = open_pretrained(str(folders[name])).build()
-    idx = torch.randint(0, reference.config.vocab_size, (1, 24))
-    for head, expect in (("copy", None), ("other", "lm_head.weight differs from the token embedding")):
-        folder = tmp_path / f"{name}_{head}"
-        folder.mkdir()
-        for path in folders[name].iterdir():
-            (folder / path.name).write_bytes(path.read_bytes())
-        state = load_file(folder / "model.safetensors")
-        assert "lm_head.weight" not in state  # transformers leaves a tied head out: the test adds it
-        state["lm_head.weight"] = state[embedding].clone() + (0.0 if head == "copy" else 1e-3)
-        save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
-        if expect:
-            with pytest.raises(UserError, match=expect):
-                open_pretrained(str(folder)).build()
-            continue
-        model = open_pretrained(str(folder)).build()
-        assert model.lm_head.weight is model.tok_emb.weight
-        with torch.no_grad():
-            assert torch.equal(model(idx)[0], reference(idx)[0])

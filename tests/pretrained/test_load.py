@@ -1,7 +1,7 @@
-"""What pretrained/ gives back for each source, beyond the logits (tests/pretrained/test_convert.py): the dtype a
-model is built in (float32 by default, the stored dtype on request), the weights an attngpt source copies
-into a model already built, where a dump of each source goes by default, and conversions that never
-replace a folder unless told to."""
+"""pretrained/load.py, what pretrained/ gives back for each source, beyond the logits
+(tests/pretrained/test_convert.py): the dtype a model is built in (float32 by default, the stored dtype on
+request), the weights an attngpt source copies into a model already built, and where a dump of each source goes by
+default. Conversions that never replace a folder unless told to: tests/pretrained/hf/test_export.py."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,7 +10,6 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from common.errors import UserError
 from data.tokenizer import CharTokenizer
 from model import GPT, ModelConfig
 from pretrained.checkpoint import save_model
@@ -58,12 +57,3 @@ def test_a_dump_goes_to_attn_dump_and_a_hugging_face_models_into_a_folder_of_its
     assert ours.default_dump_dir() == DUMP_DIR == Path("attn_dump")
 
 
-def test_a_conversion_never_replaces_a_folder_unless_forced(tmp_path):
-    transformers_or_skip()
-    from pretrained.convert import to_hf
-    save_model(GPT(GPT2_LIKE), tmp_path / "ckpt", extra={"tokenizer": CharTokenizer(CHARS).to_json()})
-    out, _ = to_hf(str(tmp_path / "ckpt"), tmp_path / "hf")
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
-    with pytest.raises(UserError, match="exists and is not empty"):
-        to_hf(str(tmp_path / "ckpt"), out)  # force defaults to off
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before

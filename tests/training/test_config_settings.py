@@ -1,7 +1,9 @@
 """Every training setting changes what the run does: each test fails when its setting is ignored or off by one.
 
-The expected values come from independent computations written out here: the learning-rate formula, one
-AdamW step by hand, the eval batches drawn directly from the val split, a scripted sequence of eval losses.
+The expected values come from independent computations written out here: the learning-rate formula, the eval
+batches drawn directly from the val split, a scripted sequence of eval losses (one AdamW step by hand, which
+train.batch_size, grad_accum, grad_clip, lr, embedding_lr, beta1, beta2 and weight_decay all shape:
+test_step.py).
 docs/testing.md maps every setting to its test.
 """
 from __future__ import annotations
@@ -113,43 +115,7 @@ def test_the_run_steps_at_the_scheduled_lr(tmp_path):
         assert lr == pytest.approx(reference_lr(step - 1, 2e-3, 2e-4, 3, 8), rel=1e-12), step
 
 
-# --- one optimizer step by hand ------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("embedding_lr", [None, 3e-2])
-def test_the_first_step_equals_a_hand_written_adamw_step(tmp_path, embedding_lr):
-    """seed, batch_size, grad_accum, grad_clip, lr, embedding_lr, beta1, beta2 and weight_decay all shape the
-    first step: the weights after it equal AdamW written out by hand from the same seed's init and batches,
-    the embedding tables at embedding_lr (lr when unset)."""
-    cfg = tiny_config(tmp_path / "run", "seed=7", "train.batch_size=3", "train.grad_accum=2", "train.grad_clip=0.05",
-                      "train.lr=1e-2", "train.beta1=0.8", "train.beta2=0.9", "train.weight_decay=0.3",
-                      "train.warmup_iters=0", "train.max_iters=1", "eval.interval=100", "model.pos=learned", *QUIET,
-                      *([f"train.embedding_lr={embedding_lr}"] if embedding_lr else []))
-    result = train(cfg)
-    from data.prepare import prepare_data
-    prepared = prepare_data(cfg.data)
-    model_cfg = with_vocab_size(cfg, cfg.model, prepared.tokenizer.vocab_size)
-    torch.manual_seed(7)
-    model = GPT(model_cfg)  # the run's init: seeded the same way, built first
-    loader = BatchLoader(SplitFiles(prepared.split_paths("train"), prepared.dtype), model_cfg.block_size, 3, seed=7)
-    for _ in range(2):  # two micro-batches, each loss halved
-        x, y = loader.next_batch()
-        (model(x, y)[1] / 2).backward()
-    grads = {name: p.grad for name, p in model.named_parameters()}
-    norm = math.sqrt(sum(float((g ** 2).sum()) for g in grads.values()))
-    assert norm > 0.05  # clipping active
-    scale = 0.05 / (norm + 1e-6)
-    b1, b2, eps = 0.8, 0.9, 1e-8
-    tables = {name for name in grads if name.startswith(("tok_emb.", "pos_emb."))}
-    assert tables == {"tok_emb.weight", "pos_emb.weight"}  # learned positions, a tied LM head
-    for name, p in model.named_parameters():
-        lr = (embedding_lr or 1e-2) if name in tables else 1e-2
-        g = grads[name] * scale
-        m_hat, v_hat = (1 - b1) * g / (1 - b1), (1 - b2) * g * g / (1 - b2)
-        decay = 0.3 if p.dim() >= 2 else 0.0
-        expected = p.detach() * (1 - lr * decay) - lr * m_hat / (v_hat.sqrt() + eps)
-        torch.testing.assert_close(dict(result.model.named_parameters())[name].detach(), expected,
-                                   atol=2e-6, rtol=1e-5, msg=name)
-
+# --- the optimizers' parameter groups (one optimizer step by hand: test_step.py) -----------------------------
 
 def test_muon_takes_the_hidden_matrices_at_its_own_lr_and_momentum():
     cfg = tiny_config(Path("unused"), "train.optimizer=muon", "train.muon_lr=0.05", "train.muon_momentum=0.8",

@@ -112,7 +112,7 @@ def test_the_fingerprint_covers_both_ends_of_both_splits(tmp_path, data_dir, mon
 
 
 def test_a_sharded_resume_checks_the_config_first_and_names_the_checkpoint(tmp_path):
-    """train.parallel=fsdp resumes through resume_sharded, after read_resume_point: an unreadable config.json is
+    """train.parallel=fsdp resumes through resume (its FSDP path), after read_resume_point: an unreadable config.json is
     refused naming latest/ before anything distributed is touched."""
     from model.config import ModelConfig
     from training.config import TrainConfig

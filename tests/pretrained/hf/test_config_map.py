@@ -1,21 +1,17 @@
-"""The rules of the Hugging Face boundary one at a time, in process and small: which config.json settings
-map to attngpt and which are refused (each message naming the file and the setting), what an exported
-config.json holds (only keys and class names transformers knows), how a weights mismatch is described,
-and the settings passed on to transformers. tests/pretrained/test_convert.py checks whole models against transformers.
+"""pretrained/hf/config_map.py, the rules of the Hugging Face boundary one at a time, in process and small: which
+config.json settings map to attngpt and which are refused (each message naming the file and the setting), and what
+an exported config.json holds (only keys and class names transformers knows). How a weights mismatch is described:
+test_load.py; the settings passed on to transformers: test_transformers_model.py; whole models against
+transformers: tests/pretrained/test_convert.py.
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
-import torch
-from safetensors.torch import load_file, save_file
 
 from common.errors import UserError
-from model import GPT, ModelConfig
+from model import ModelConfig
 from pretrained.hf.config_map import hf_config_from_model, model_config_from_hf
-from tests.hf_models import make_gpt2, transformers_or_skip
+from tests.hf_models import transformers_or_skip
 
 WHERE = "some/folder/config.json"
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 100, "hidden_size": 32,
@@ -95,45 +91,3 @@ def test_an_exported_config_holds_only_what_transformers_knows(shape):
     fields = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "d_model", "hidden_dim", "norm_epsilon",
               "pos", "norm", "mlp", "bias", "tie_embeddings", "rope_theta")
     assert [getattr(read, f) for f in fields] == [getattr(config, f) for f in fields]
-
-
-# --- the weights beside config.json ---------------------------------------------------------------------
-
-def test_a_weights_mismatch_names_what_is_missing_and_what_is_unexpected(tmp_path):
-    from pretrained.hf.load import check_hf_weights
-    from pretrained.hf.source import read_hf_config
-    folder = make_gpt2(tmp_path / "gpt2", tokenizer=False)
-    weights = load_file(folder / "model.safetensors")
-    hf = read_hf_config(folder)
-    config = model_config_from_hf(hf, str(folder / "config.json"))
-
-    def message(state: dict) -> str:
-        save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
-        with pytest.raises(UserError) as e:
-            check_hf_weights(folder, hf, config)
-        return str(e.value)
-
-    missing = message({k: v for k, v in weights.items() if k != "transformer.ln_f.bias"})
-    assert "(missing transformer.ln_f.bias)" in missing and "unexpected" not in missing
-    extra = {f"transformer.extra.{i}": torch.zeros(1) for i in range(4)}
-    three = message({**weights, **dict(list(extra.items())[:3])})
-    listed = "unexpected transformer.extra.0, transformer.extra.1, transformer.extra.2"
-    assert f"({listed})" in three and "missing" not in three
-    assert f"({listed} ...)" in message({**weights, **extra})
-
-
-def test_a_config_json_that_is_not_json_is_refused_naming_the_error(tmp_path):
-    from pretrained.hf.source import read_hf_config
-    (tmp_path / "config.json").write_text('{"model_type": "gpt2",', encoding="utf-8")
-    with pytest.raises(UserError, match=r"config.json '.*config.json' is not valid JSON: Expecting "):
-        read_hf_config(tmp_path)
-
-
-@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
-def test_the_attention_implementation_reaches_transformers(attn_implementation):
-    transformers_or_skip()
-    from pretrained.hf.transformers_model import to_transformers
-    model = GPT(ModelConfig(vocab_size=70, block_size=16, n_layer=1, n_head=2, d_model=16, pos="learned",
-                            norm="layernorm", mlp="gelu", bias=True))
-    hf_model = to_transformers(model, attn_implementation=attn_implementation)
-    assert hf_model.config._attn_implementation == attn_implementation
