@@ -20,6 +20,14 @@ records:
     `out_dir/attn/explorer/step_{S}.html` and a W&B Html under `attn/explorer`;
   - the heads over training (insight/role_plot.py): every head's induction score against the step with the
     val ICL score below, `out_dir/attn/heads_over_training.png` and W&B image `attn/heads_over_training`.
+  - the circuit (insight/circuits.py): for each head of layer 1 and above, its strongest Q-, K- and V-composition
+    source among the heads of earlier layers and that edge's z (composition_zscores, default arguments: the
+    rotation z over every RoPE distance; K and V per kv head, a query head showing its kv head's), as the
+    stats.csv columns CIRCUIT_COLUMNS (`{kind}_source` "L0.H2", `{kind}_z`; empty for layer 0, which reads no
+    head, and under FSDP, whose sharded weights are not whole here) and W&B scalars `attn/circuit/{kind}/L{l}.H{h}`
+    = that z. The summary line then names the circuit of the strongest induction head: its strongest K-composer,
+    the z, the drop of its induction score when that source is path-ablated from its key input (once, on the
+    final weights) and the first snapshot from which that source stays the strongest (`circuit_summary`).
 The evals' val ICL scores are kept in `out_dir/attn/icl.csv` (step, icl_score) for that picture. Both CSV
 files hold one row per step (and layer and head) across crashes and resumes (`_drop_rows_after`).
 """
@@ -30,6 +38,7 @@ import io
 import math
 import time
 from pathlib import Path
+from typing import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -38,9 +47,10 @@ from common.errors import UserError
 from common.writes import append_text, write_file
 from data.prepare import PreparedData
 from insight.ablation import ablation_dloss
+from insight.circuits import COMPOSITION_KINDS, composition_zscores, path_ablation
 from insight.explorer import ExplorerOptions, HeadScores, write_explorer
 from insight.heatmap import LABEL_MAX_T, draw_heatmap, draw_heatmap_zoom
-from insight.role_plot import draw_heads_over_training, induction_summary
+from insight.role_plot import draw_heads_over_training, head_series, induction_heads, induction_summary
 from insight.roles import ROLE_NAMES, prev_token_score, probe_length, probe_role_scores, role_probe
 from insight.stats import STAT_NAMES, head_stats
 from model.gpt import GPT
@@ -50,7 +60,8 @@ from training.runtime import Runtime
 from training.run_dir import could_not_write
 
 STATS_FILE = "stats.csv"
-STATS_COLUMNS = ("step", "layer", "head", *STAT_NAMES, *ROLE_NAMES, "ablation_dloss")
+CIRCUIT_COLUMNS = tuple(f"{kind}_{what}" for kind in COMPOSITION_KINDS for what in ("source", "z"))
+STATS_COLUMNS = ("step", "layer", "head", *STAT_NAMES, *ROLE_NAMES, "ablation_dloss", *CIRCUIT_COLUMNS)
 ICL_FILE = "icl.csv"
 ICL_COLUMNS = ("step", "icl_score")
 PICTURE_FILE = "heads_over_training.png"
@@ -110,6 +121,50 @@ class Probes:
         return internals, roles, dloss
 
 
+def head_name(layer: int, head: int) -> str:
+    return f"L{layer}.H{head}"
+
+
+def strongest_sources(zscores: dict[str, np.ndarray], n_head: int) -> dict[tuple[int, int], dict[str, tuple[str, float]]]:
+    """{(layer, head): {kind: (source head's name, z)}} for every query head of layer 1 and above: the head of an
+    earlier layer whose kind-composition into it has the largest z (composition_zscores' layout; K and V per kv
+    head when the arrays are, a query head then taking its kv head's). A NaN z never wins; a kind with no finite
+    or infinite z is left out."""
+    found: dict[tuple[int, int], dict[str, tuple[str, float]]] = {}
+    for kind, z in zscores.items():
+        n_layer, width = z.shape[0], z.shape[3]
+        for layer in range(1, n_layer):
+            for head in range(n_head):
+                column = head if width == n_head else head // (n_head // width)
+                values = z[:layer, :, layer, column]  # (layer, n_head): every earlier head into this one
+                ranked = np.where(np.isnan(values), -np.inf, values)
+                la, a = np.unravel_index(int(np.argmax(ranked)), ranked.shape)
+                if not np.isnan(values[la, a]):
+                    found.setdefault((layer, head), {})[kind] = (head_name(int(la), int(a)), float(values[la, a]))
+    return found
+
+
+def formed_at(rows: Iterable[Sequence], target: tuple[int, int], source: str) -> int | None:
+    """The first snapshot step from which `source` stays the strongest K-composer into `target`, from rows
+    (step, layer, head, K source) ('' where not measured: it breaks the run); None unless it is the last one's.
+    A later row for the same step replaces an earlier one."""
+    by_step = {int(step): str(name) for step, layer, head, name in rows if (int(layer), int(head)) == tuple(target)}
+    first = None
+    for step in sorted(by_step, reverse=True):
+        if by_step[step] != source:
+            break
+        first = step
+    return first
+
+
+def circuit_text(source: str, target: tuple[int, int], z: float, drop: float | None, formed: int | None) -> str:
+    """e.g. "circuit: L0.H2 -K-> L1.H1 (z 66.3, path ablation -0.75 induction) formed at step 350"."""
+    ablated = (f"path ablation {drop:.2f} induction" if drop is not None and math.isfinite(drop)
+               else "path ablation not measured")
+    when = f" formed at step {formed}" if formed is not None else ""
+    return f"circuit: {source} -K-> {head_name(*target)} (z {z:.1f}, {ablated}){when}"
+
+
 def _row_step(row: list[str], width: int = len(STATS_COLUMNS)) -> int | None:
     """The step of a CSV row of `width` columns, or None for a row that is not one of ours (cut short)."""
     if len(row) != width:
@@ -152,6 +207,8 @@ class AttentionMonitor:
         self.picture_path = self.dir / PICTURE_FILE
         # what the picture and the summary are drawn from: (step, layer, head, induction) and (step, icl)
         self.induction_rows: list[tuple[int, int, int, float]] = []
+        self.k_rows: list[tuple[int, int, int, str, float]] = []  # (step, layer, head, K source, z): the circuit
+        self.circuit = cfg.train.parallel != "fsdp"  # sharded weights: no composition from them here
         self.icl_rows: list[tuple[int, float]] = []
         self._drop_rows_after(start_step)
         self.seconds = 0.0  # time spent here, to report the overhead
@@ -174,6 +231,8 @@ class AttentionMonitor:
         icl = self._kept_rows(self.icl_path, ICL_COLUMNS, step)
         column = STATS_COLUMNS.index("induction")
         self.induction_rows = [(int(r[0]), int(r[1]), int(r[2]), _float(r[column])) for r in stats]
+        source, z = STATS_COLUMNS.index("k_source"), STATS_COLUMNS.index("k_z")
+        self.k_rows = [(int(r[0]), int(r[1]), int(r[2]), r[source], _float(r[z])) for r in stats]
         self.icl_rows = [(int(r[0]), _float(r[1])) for r in icl]
 
     def _kept_rows(self, path: Path, columns: tuple[str, ...], step: int) -> list[list[str]]:
@@ -218,6 +277,7 @@ class AttentionMonitor:
         internals, roles, dloss = self.probes.run(self.model)
         maps = {layer: found.weights for layer, found in internals.items()}  # {layer: (1, n_head, T, T)}
         scalars: dict[str, object] = {}
+        sources = strongest_sources(composition_zscores(self.model), self.model.config.n_head) if self.circuit else {}
         rows = []
         for layer, weights in maps.items():
             stats = head_stats(weights)
@@ -225,11 +285,17 @@ class AttentionMonitor:
                 values: dict[str, float | None] = {name: float(stats[name][head]) for name in STAT_NAMES}
                 values.update({name: float(roles[name][layer, head]) for name in ROLE_NAMES})
                 values["ablation_dloss"] = None if dloss is None else float(dloss[layer, head])
-                rows.append([step, layer, head, *(_cell(values[name]) for name in STATS_COLUMNS[3:])])
+                edges = sources.get((layer, head), {})
+                circuit = [cell for kind in COMPOSITION_KINDS
+                           for cell in ((edges[kind][0], _cell(edges[kind][1])) if kind in edges else ("", ""))]
+                rows.append([step, layer, head, *(_cell(values[name]) for name in values), *circuit])
                 self.induction_rows.append((step, layer, head, values["induction"]))
+                self.k_rows.append((step, layer, head, *edges.get("k", ("", math.nan))))
                 for name, value in values.items():
                     if value is not None:
                         scalars[f"attn/L{layer}.H{head}/{name}"] = value
+                for kind, (_, z) in edges.items():
+                    scalars[f"attn/circuit/{kind}/{head_name(layer, head)}"] = z
         self._append(self.stats_path, STATS_COLUMNS, rows)
         images = self.draw(step, maps)
         explorer = self.write_explorer(step, internals, {**roles, **({} if dloss is None else {"ablation_dloss": dloss})})
@@ -273,8 +339,30 @@ class AttentionMonitor:
         return write_explorer(path, internals, self.tokens, options=options, scores=HeadScores(head_scores, note))
 
     def summary(self) -> str:
-        """The run's induction heads and phase change, in one line (insight.role_plot.induction_summary)."""
-        return induction_summary(self.induction_rows, self.icl_rows)
+        """The run's induction heads and phase change, in one line (insight.role_plot.induction_summary), and
+        when an induction head formed, its circuit: the strongest induction head's strongest K-composer at the
+        last snapshot, that edge's z, the change of the head's induction score when that source is path-ablated
+        from its key input (on the model's weights now, the run's last), and the step from which that source
+        stays the strongest (formed_at)."""
+        text = induction_summary(self.induction_rows, self.icl_rows)
+        heads = induction_heads(head_series(self.induction_rows)[1]) if self.induction_rows else []
+        if not heads or not self.circuit:
+            return text
+        target = heads[0][:2]
+        mine = [row for row in self.k_rows if row[1:3] == target]
+        if not mine or not mine[-1][3]:
+            return text
+        last = max(row[0] for row in mine)
+        source, z = [row[3:] for row in mine if row[0] == last][-1]
+        t0 = time.perf_counter()
+        drop = None
+        if self.probes.roles is not None:
+            la, a = (int(part[1:]) for part in source.split("."))
+            drop = float(path_ablation(self.model, self.probes.text, self.probes.roles, "k", target,
+                                       [(la, a)])["induction"][0])
+        self.seconds += time.perf_counter() - t0
+        formed = formed_at([row[:4] for row in self.k_rows], target, source)
+        return f"{text}; {circuit_text(source, target, z, drop, formed)}"
 
 
 def _csv_text(rows: list[list]) -> str:

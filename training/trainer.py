@@ -237,8 +237,8 @@ def train_loop(run: Run, should_stop: Callable[[int], bool] | None = None) -> Tr
                                  f"'{run.out_dir / LATEST}'. Run the same command to resume.")
                 break
     result.train_seconds = time.perf_counter() - loop_t0
-    result.attn_seconds = run.monitor.seconds if run.monitor is not None else 0.0
     result.induction_summary = run.monitor.summary() if run.monitor is not None else None
+    result.attn_seconds = run.monitor.seconds if run.monitor is not None else 0.0  # with the summary's path ablation
     if result.induction_summary is not None:
         run.logger.write(result.induction_summary)
     run.logger.close()

@@ -20,11 +20,12 @@ import training.attn_monitor as attn_monitor
 from data.loader import BatchLoader
 from data.prepare import prepare_data
 from data.shards import SplitFiles
+from insight.circuits import composition_zscores
 from insight.roles import ROLE_NAMES, role_probe
 from pretrained.checkpoint import load_model
 from tests.helpers import TINY, prepared_shakespeare_dir, tiny_config
 from tests.training.test_attn_monitor_settings import FakeRun, FakeWandb
-from training.attn_monitor import ROLE_PROBE_SEED, STATS_COLUMNS
+from training.attn_monitor import CIRCUIT_COLUMNS, ROLE_PROBE_SEED, STATS_COLUMNS
 from training.evaluate import EVAL_SEED_OFFSET
 from training.logger import RunLogger
 
@@ -138,8 +139,30 @@ def test_the_resume_keeps_the_first_runs_rows_as_they_were(resumed):
 def test_wandb_scalars_of_the_resumed_snapshot_equal_its_stats_cells(resumed):
     rows = [r for r in csv_rows(resumed["out"] / "attn" / "stats.csv") if r["step"] == "4"]
     logged = {k: v for d in resumed["logged"] for k, v in d.items() if k.startswith("attn/L")}
-    want = {f"attn/L{r['layer']}.H{r['head']}/{name}": float(r[name]) for r in rows for name in STATS_COLUMNS[3:]}
+    per_head = [name for name in STATS_COLUMNS[3:] if name not in CIRCUIT_COLUMNS]
+    want = {f"attn/L{r['layer']}.H{r['head']}/{name}": float(r[name]) for r in rows for name in per_head}
     assert logged == want  # every column of every head, and nothing else, at the value the CSV holds
+    circuit = {k: v for d in resumed["logged"] for k, v in d.items() if k.startswith("attn/circuit/")}
+    want = {f"attn/circuit/{kind}/L{r['layer']}.H{r['head']}": float(r[f"{kind}_z"])
+            for r in rows if r["layer"] != "0" for kind in ("q", "k", "v")}
+    assert circuit == want  # each layer-1 head's strongest source's z, per kind
+
+
+def test_a_resumed_run_keeps_the_circuit_columns_of_both_snapshots(resumed):
+    rows = csv_rows(resumed["out"] / "attn" / "stats.csv")
+    assert list(rows[0]) == list(STATS_COLUMNS)
+    for step, weights in (("2", resumed["step2"]), ("4", resumed["out"] / "latest")):
+        model, _ = load_model(weights)
+        z = composition_zscores(model)
+        for r in rows:
+            if r["step"] != step or r["layer"] == "0":
+                continue
+            head = int(r["head"])
+            for kind in ("q", "k", "v"):
+                column = head if z[kind].shape[3] == N_HEAD else head // (N_HEAD // z[kind].shape[3])
+                values = z[kind][0, :, 1, column]
+                assert r[f"{kind}_source"] == f"L0.H{int(values.argmax())}", (step, head, kind)
+                assert float(r[f"{kind}_z"]) == pytest.approx(values.max(), rel=1e-9), (step, head, kind)
 
 
 def test_the_picture_draws_the_csv_values_of_every_head_and_the_icl_csv(resumed):

@@ -15,7 +15,7 @@ from data.prepare import prepare_data
 from insight.ablation import ablation_dloss
 from insight.roles import head_role_scores, role_probe
 from tests.helpers import prepared_shakespeare_dir, tiny_config
-from training.attn_monitor import ROLE_PROBE_SEED, STATS_COLUMNS, Probes, default_layers, probe_ids
+from training.attn_monitor import CIRCUIT_COLUMNS, ROLE_PROBE_SEED, STATS_COLUMNS, Probes, default_layers, probe_ids
 from training.logger import RunLogger
 from training.runtime import setup_runtime
 from training.trainer import train
@@ -195,5 +195,8 @@ def test_an_older_stats_file_is_rewritten_under_the_new_header_on_resume(tmp_pat
     kept = [r for r in new[1:] if r[0] == "2"]
     assert [r[:7] for r in kept] == old[1:]  # the old values, by column name
     assert all(cell == "" for r in kept for cell in r[7:])  # what the older run did not measure
-    assert all(cell != "" for r in new[1:] if r[0] == "4" for cell in r)
+    circuit = [STATS_COLUMNS.index(name) for name in CIRCUIT_COLUMNS]
+    assert all(cell != "" for r in new[1:] if r[0] == "4" for k, cell in enumerate(r) if k not in circuit)
+    # the circuit's columns: measured for every head of layer 1, empty for layer 0, which reads no earlier head
+    assert all((r[k] != "") == (r[1] != "0") for r in new[1:] if r[0] == "4" for k in circuit)
     assert len(new) == 1 + 2 * 8
