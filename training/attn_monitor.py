@@ -27,7 +27,7 @@ records:
     head, and under FSDP, whose sharded weights are not whole here) and W&B scalars `attn/circuit/{kind}/L{l}.H{h}`
     = that z. The summary line then names the circuit of the strongest induction head: its strongest K-composer,
     the z, the drop of its induction score when that source is path-ablated from its key input (once, on the
-    final weights) and the first snapshot from which that source stays the strongest (`circuit_summary`).
+    final weights) and the first snapshot from which that source stays the strongest (`summary`, `formed_at`).
 The evals' val ICL scores are kept in `out_dir/attn/icl.csv` (step, icl_score) for that picture. Both CSV
 files hold one row per step (and layer and head) across crashes and resumes (`_drop_rows_after`).
 """
