@@ -1,7 +1,7 @@
 """Tokenizers across the Hugging Face boundary.
 
 Reading (`tokenizer_for_hf_folder`): a folder attngpt exported with its own tokenizer file (a char vocabulary
-or a non-GPT-2 tiktoken encoding, below) reads that file back. A GPT-2 checkpoint whose vocabulary and merges
+or a non-GPT-2 tiktoken encoding, below) reads that file back (before, and whatever, its tokenizer.json). A GPT-2 checkpoint whose vocabulary and merges
 are GPT-2's (checked entry by entry against tiktoken's, whichever of tokenizer.json / vocab.json + merges.txt
 it ships) uses attngpt's tiktoken "gpt2" encoding: the same ids and the fast encoder. Any other checkpoint
 uses its own tokenizer.json through the `tokenizers` library (HFTokenizer), with its end-of-sequence and
@@ -12,7 +12,9 @@ Writing (`hf_tokenizer_files`), beside an exported model:
     tiktoken gpt2       vocab.json + merges.txt (rebuilt from tiktoken's ranks: identical to GPT-2's own
                         files) + tokenizer_config.json: transformers' AutoTokenizer loads them
     HFTokenizer         its tokenizer.json + tokenizer_config.json
-    char vocabulary     attngpt_char_vocab.json: Hugging Face has no such tokenizer; the file says how to use it
+    char vocabulary     attngpt_char_vocab.json (what attngpt reads back) + tokenizer.json (a WordLevel model,
+                        one token per character, `char_tokenizer_json`) + tokenizer_config.json: AutoTokenizer
+                        loads them as a PreTrainedTokenizerFast with attngpt's ids
     other tiktoken      attngpt_tokenizer.json naming the encoding (its pre-tokenizer differs from GPT-2's)
 """
 from __future__ import annotations
@@ -184,10 +186,29 @@ def hf_tokenizer_files(tok: Any, block_size: int) -> tuple[dict[str, Any], dict[
     if isinstance(tok, CharTokenizer):
         doc = {"kind": "char", "chars": tok.chars,
                "about": "attngpt character vocabulary: token id i is the character chars[i] (characters in "
-                        "code-point order; no special tokens). Hugging Face has no tokenizer of this kind: "
-                        "encode with [chars.index(c) for c in text], decode with ''.join(chars[i] for i in ids)."}
-        return {CHAR_VOCAB_FILE: doc}, {}, None, None
+                        "code-point order; no special tokens): encode with [chars.index(c) for c in text], "
+                        "decode with ''.join(chars[i] for i in ids). tokenizer.json is the same vocabulary "
+                        "for Hugging Face's tokenizers (AutoTokenizer)."}
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": block_size,
+                  "clean_up_tokenization_spaces": False}  # decode gives back the text, spaces before "." kept
+        return ({CHAR_VOCAB_FILE: doc, "tokenizer.json": char_tokenizer_json(tok), "tokenizer_config.json": config},
+                {}, None, None)
     doc = {**tok.to_json(), "about": f"attngpt tiktoken tokenizer: tiktoken.get_encoding({tok.name!r}), ids as it "
                                      f"gives them (encode_ordinary; <|endoftext|> = {tok.eot} ends documents). "
                                      f"Not written as Hugging Face files: its pre-tokenizer is not GPT-2's."}
     return {TIKTOKEN_FILE: doc}, {}, tok.eot, tok.eot
+
+
+def char_tokenizer_json(tok: CharTokenizer) -> dict[str, Any]:
+    """tokenizer.json (the `tokenizers` library's documented serialization) giving `tok`'s ids: no normalizer,
+    a pre-tokenizer that isolates every character ([\\s\\S]: any character, newlines included, where "."
+    would skip them), a WordLevel model over the characters, no special tokens or post-processor, and a Fuse
+    decoder (tokens joined with no separator; without a decoder they would be joined with spaces). A character
+    outside the vocabulary maps to "[UNK]", which is not in it: encoding such text fails, as CharTokenizer's does.
+    Written as plain JSON, not with the tokenizers package, so that exporting needs nothing beyond transformers'
+    model classes (tests/pretrained/hf/test_export_char_tokenizer.py loads it with tokenizers and transformers)."""
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+            "pre_tokenizer": {"type": "Split", "pattern": {"Regex": r"[\s\S]"}, "behavior": "Isolated",
+                              "invert": False},
+            "post_processor": None, "decoder": {"type": "Fuse"},
+            "model": {"type": "WordLevel", "vocab": {ch: i for i, ch in enumerate(tok.chars)}, "unk_token": "[UNK]"}}

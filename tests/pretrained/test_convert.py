@@ -103,6 +103,15 @@ def test_exported_model_loads_in_transformers_with_equal_logits(tmp_path, name):
     assert diff <= TOLERANCE and in_memory <= TOLERANCE, (diff, in_memory)
     vocab = json.loads((out / "attngpt_char_vocab.json").read_text(encoding="utf-8"))
     assert vocab["chars"] == "".join(chr(c) for c in range(32, 102)) and "chars[i]" in vocab["about"]
+    # the tokenizer path: AutoTokenizer reads the folder's tokenizer.json, giving CharTokenizer's ids, and the
+    # logits on them agree (generated texts: tests/pretrained/hf/test_export_char_tokenizer.py)
+    theirs = transformers.AutoTokenizer.from_pretrained(out)
+    text = "ROMEO: a bad dace? [ACE] (1, 2; 3)"
+    ids = theirs.encode(text)
+    assert ids == CharTokenizer(vocab["chars"]).encode(text) and theirs.decode(ids) == text
+    with torch.no_grad():
+        diff = (model(torch.tensor([ids]))[0] - hf_model(torch.tensor([ids])).logits).abs().max().item()
+    assert diff <= TOLERANCE, diff
 
 
 @pytest.mark.parametrize("name", list(EXPORTABLE))
