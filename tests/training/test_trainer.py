@@ -207,7 +207,7 @@ def test_attention_snapshots_on_disk(tmp_path):
     assert result.attn_seconds > 0
     rows = (tmp_path / "attn" / "stats.csv").read_text().splitlines()
     assert rows[0] == ("step,layer,head,entropy,sink_mass,mean_distance,decay_gamma,decay_r2,prev_token,"
-                       "duplicate_token,induction,ablation_dloss")
+                       "duplicate_token,induction,ablation_dloss,q_source,q_z,k_source,k_z,v_source,v_z")
     keys = [tuple(map(int, row.split(",")[:3])) for row in rows[1:]]
     # snapshots at every eval (10, 20) and every attn_interval (5, 15): one row per (step, layer, head)
     expected = [(step, layer, head) for step in (5, 10, 15, 20) for layer in range(3) for head in range(4)]
