@@ -30,7 +30,7 @@ import yaml
 from common.errors import UserError
 from common.path_kind import path_kind
 from common.paths import expand_path
-from common.schema import Float, Int, Invalid, Nullable, check_fields, is_int, range_text
+from common.schema import Float, Int, Nullable, check_fields, is_int, range_text
 
 PATH = {"path": True}  # dataclass field metadata: the value is a path (or a list of paths): `~` is expanded
 

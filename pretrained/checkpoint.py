@@ -148,11 +148,11 @@ def read_config(directory: str | Path, check_memory: bool = True) -> dict[str, A
         config = ModelConfig.from_dict(payload["model"])
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"'{path}' is corrupted or not an attngpt config ({type(e).__name__}: {e})") from None
-    try:  # host memory: every loader builds the model there first
-        if check_memory:
+    if check_memory:  # host memory: every loader builds the model there first
+        try:
             check_fits_in_memory(config, "cpu", source=f"'{path}'")
-    except UserError as e:
-        raise CheckpointError(str(e)) from None
+        except UserError as e:
+            raise CheckpointError(str(e)) from None
     return payload
 
 

@@ -5,8 +5,9 @@
 Traces four runs of configs/tiny.yaml in a temporary folder (a fresh run, one with dtype and compile on
 auto, a resume of the fresh one, and a fresh start from it with train.init_from). Every call into a project
 file whose arguments (besides self) hold the run's config, one of its sections (model, data, train, eval,
-wandb, attn), or a record that carries one (the plan, the run) is a step of the path; the trace stops at the first training step's
-loss. A step climbs back when it enters a file that the path had already visited and left: a file that is not
+wandb, attn), or a record that carries one (the plan, the run) is a step of the path; the trace stops at the
+first training step's loss (the checks a config record makes of its own fields while it is built are not
+steps). A step climbs back when it enters a file that the path had already visited and left: a file that is not
 on the call stack (a call from a file to itself, or back down into a caller, is not a climb).
 """
 from __future__ import annotations
@@ -59,6 +60,10 @@ def trace(cfg: RunConfig, model_shape: bool = True) -> list[tuple[str, str, bool
         path = frame.f_code.co_filename
         if event != "call" or not path.startswith(str(ROOT)) or "/.venv/" in path or not holds_config(frame):
             return
+        caller = frame.f_back
+        if caller is not None and caller.f_code.co_name == "__post_init__" and isinstance(
+                caller.f_locals.get("self"), types):
+            return  # a config record checking its own fields as it is built: not a step of its path
         below, caller = set(), frame.f_back
         while caller is not None:
             below.add(caller.f_code.co_filename)
@@ -101,11 +106,9 @@ def main() -> None:
                         help="follow the run's settings only, not the model's shape (ModelConfig) into model/ "
                              "and pretrained/")
     args = parser.parse_args()
-    import training.trainer as t
-    import train as _  # noqa: F401  the command line's console set-up
     with tempfile.TemporaryDirectory() as tmp:
         first = f"{tmp}/fresh"
-        t.train(load_run_config(ROOT / "configs/tiny.yaml", [f"out_dir={first}", "train.max_iters=2",
+        trainer.train(load_run_config(ROOT / "configs/tiny.yaml", [f"out_dir={first}", "train.max_iters=2",
                                                              "eval.interval=1000"]))
         runs = {"fresh": [f"out_dir={tmp}/fresh2"],
                 "auto": [f"out_dir={tmp}/auto", "dtype=auto", "train.compile=auto"],

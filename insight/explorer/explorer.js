@@ -147,8 +147,8 @@
     const top = st.vw ? Math.max(1e-30, ...lines.map((l) => l[4])) : 1;
     svg.append(...lines.map(([h, i, j, a, value]) => el("line", {
       x1: 0, y1: (i + 0.5) * ROW, x2: LINES_W, y2: (j + 0.5) * ROW, stroke: colour(h), "stroke-width": 2,
-      "stroke-opacity": value / top, class: "attn-line", "data-head": h, "data-query": i, "data-key": j, "data-alpha": a,
-      "data-weight": value }, undefined, SVG_NS)));
+      "stroke-opacity": value / top, class: "attn-line", "data-head": h, "data-query": i, "data-key": j,
+      "data-alpha": a, "data-weight": value }, undefined, SVG_NS)));
     const who = target.side === "q" ? `query ${target.index} «${label(target.index)}» attends to (right)`
                                     : `key ${target.index} «${label(target.index)}» is attended by (left)`;
     $("head-hint").textContent = `Layer ${L}: ${who}. Opacity = ` + (st.vw
@@ -305,7 +305,8 @@
       bar.firstChild.style.width = Math.round(n.alpha[j] * 50) + "px";
       tb.append(row({ "data-key": j }, [j, el("td", { class: "tokcell" }, label(j)), num("dot", n.dot[j]),
         num("scaled", n.s[j]), num("exp", n.e[j]), num("alpha", n.alpha[j], 6), bar,
-        num("contrib", n.alpha[j] * vnorm(L, h, j)), el("td", { class: "vec" }, vec(n.v.subarray(j * DK, (j + 1) * DK), 3))]));
+        num("contrib", n.alpha[j] * vnorm(L, h, j)),
+        el("td", { class: "vec" }, vec(n.v.subarray(j * DK, (j + 1) * DK), 3))]));
     }
     const future = (first, last) => tb.append(row({ class: "future" }, [first === last ? first : `${first}…${last}`,
       el("td", { class: "tokcell" }, first === last ? label(first) : `${last - first + 1} keys`),

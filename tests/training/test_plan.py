@@ -32,7 +32,8 @@ def test_the_model_line_says_the_shape_data_device_autocast_and_processes(tmp_pa
                                                                           tail):
     cfg = tiny_config(tmp_path, "model.vocab_size=65", *([f"train.parallel={parallel}"] if parallel else []))
     rt = Runtime(device=torch.device("cpu"), autocast_dtype=autocast, world_size=world_size)
-    assert describe(cfg, rt, None, cfg.model, PREPARED, param_count(cfg.model)) == [_model_line(cfg, param_count(cfg.model), tail)]
+    n_params = param_count(cfg.model)
+    assert describe(cfg, rt, None, cfg.model, PREPARED, n_params) == [_model_line(cfg, n_params, tail)]
 
 
 @pytest.mark.parametrize("block_size, cropped", [(32, ""), (16, "; context cropped to 16 of its 32")])
