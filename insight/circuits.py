@@ -43,6 +43,7 @@ from model.gpt import scaled_dot_product_attention
 
 COMPOSITION_KINDS = ("q", "k", "v")
 PATH_ABLATION_MODES = ("zero", "mean")
+Edge = tuple[str, tuple[int, int], tuple[int, int], float]  # (kind, source head, target head, z)
 PATH_ROWS_BUDGET = 1 << 28  # bytes of float32 activations one batch of side-by-side path ablations may hold
 
 
@@ -237,6 +238,31 @@ def composition_zscores(model, group_kv: bool = True, rope_offsets: Sequence[int
     squared, variance, n = _composition_terms(model, group_kv, rope_offsets)
     with np.errstate(divide="ignore", invalid="ignore"):
         return {kind: (squared[kind] - 1.0 / n) / np.sqrt(variance[kind]) for kind in COMPOSITION_KINDS}
+
+
+def head_name(layer: int, head: int) -> str:
+    """'L1.H2': how a head is named in stats.csv, summaries and pictures."""
+    return f"L{layer}.H{head}"
+
+
+def strongest_edges(zscores: dict[str, np.ndarray], n_head: int) -> list[Edge]:
+    """For every query head B of layer 1 and above and every kind of `zscores` (composition_zscores' layout): the
+    edge from the head A of an earlier layer with the largest z, as (kind, A (layer, head), B (layer, head), z).
+    K and V arrays per kv head give a query head its kv head's edge. A NaN z never wins; a kind whose sources are
+    all NaN gives no edge. Ordered by target, then kind."""
+    edges = []
+    n_layer = next(iter(zscores.values())).shape[0] if zscores else 0
+    for layer in range(1, n_layer):
+        for head in range(n_head):
+            for kind in (k for k in COMPOSITION_KINDS if k in zscores):
+                z = zscores[kind]
+                column = head if z.shape[3] == n_head else head // (n_head // z.shape[3])
+                values = z[:layer, :, layer, column]  # (layer, n_head): every earlier head into this one
+                ranked = np.where(np.isnan(values), -np.inf, values)
+                la, a = np.unravel_index(int(np.argmax(ranked)), ranked.shape)
+                if not np.isnan(values[la, a]):
+                    edges.append((kind, (int(la), int(a)), (layer, head), float(values[la, a])))
+    return edges
 
 
 # --------------------------------------------------------------------------------------------------------------------

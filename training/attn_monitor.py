@@ -47,11 +47,13 @@ from common.errors import UserError
 from common.writes import append_text, write_file
 from data.prepare import PreparedData
 from insight.ablation import ablation_dloss
-from insight.circuits import COMPOSITION_KINDS, composition_zscores, path_ablation
+from insight.circuit_plot import draw_circuit
+from insight.circuits import (COMPOSITION_KINDS, Edge, composition_zscores, head_name, path_ablation,
+                              strongest_edges)
 from insight.explorer import ExplorerOptions, HeadScores, write_explorer
 from insight.heatmap import LABEL_MAX_T, draw_heatmap, draw_heatmap_zoom
 from insight.role_plot import draw_heads_over_training, head_series, induction_heads, induction_summary
-from insight.roles import ROLE_NAMES, prev_token_score, probe_length, probe_role_scores, role_probe
+from insight.roles import ROLE_NAMES, prev_token_score, probe_length, probe_role_scores, role_label, role_probe
 from insight.stats import STAT_NAMES, head_stats
 from model.gpt import GPT
 from training.config import RunConfig
@@ -121,26 +123,12 @@ class Probes:
         return internals, roles, dloss
 
 
-def head_name(layer: int, head: int) -> str:
-    return f"L{layer}.H{head}"
-
-
-def strongest_sources(zscores: dict[str, np.ndarray], n_head: int) -> dict[tuple[int, int], dict[str, tuple[str, float]]]:
-    """{(layer, head): {kind: (source head's name, z)}} for every query head of layer 1 and above: the head of an
-    earlier layer whose kind-composition into it has the largest z (composition_zscores' layout; K and V per kv
-    head when the arrays are, a query head then taking its kv head's). A NaN z never wins; a kind with no finite
-    or infinite z is left out."""
+def sources_by_target(edges: Iterable[Edge]) -> dict[tuple[int, int], dict[str, tuple[str, float]]]:
+    """{(layer, head): {kind: (source head's name, z)}} from insight.circuits.strongest_edges: each target's
+    strongest source per kind, named as stats.csv writes it."""
     found: dict[tuple[int, int], dict[str, tuple[str, float]]] = {}
-    for kind, z in zscores.items():
-        n_layer, width = z.shape[0], z.shape[3]
-        for layer in range(1, n_layer):
-            for head in range(n_head):
-                column = head if width == n_head else head // (n_head // width)
-                values = z[:layer, :, layer, column]  # (layer, n_head): every earlier head into this one
-                ranked = np.where(np.isnan(values), -np.inf, values)
-                la, a = np.unravel_index(int(np.argmax(ranked)), ranked.shape)
-                if not np.isnan(values[la, a]):
-                    found.setdefault((layer, head), {})[kind] = (head_name(int(la), int(a)), float(values[la, a]))
+    for kind, source, target, z in edges:
+        found.setdefault(target, {})[kind] = (head_name(*source), z)
     return found
 
 
@@ -277,7 +265,8 @@ class AttentionMonitor:
         internals, roles, dloss = self.probes.run(self.model)
         maps = {layer: found.weights for layer, found in internals.items()}  # {layer: (1, n_head, T, T)}
         scalars: dict[str, object] = {}
-        sources = strongest_sources(composition_zscores(self.model), self.model.config.n_head) if self.circuit else {}
+        strongest = strongest_edges(composition_zscores(self.model), self.model.config.n_head) if self.circuit else []
+        sources = sources_by_target(strongest)
         rows = []
         for layer, weights in maps.items():
             stats = head_stats(weights)
@@ -298,6 +287,8 @@ class AttentionMonitor:
                     scalars[f"attn/circuit/{kind}/{head_name(layer, head)}"] = z
         self._append(self.stats_path, STATS_COLUMNS, rows)
         images = self.draw(step, maps)
+        if self.circuit:
+            images["attn/circuit_picture"] = self.draw_circuit(step, strongest, roles)
         explorer = self.write_explorer(step, internals, {**roles, **({} if dloss is None else {"ablation_dloss": dloss})})
         if self.logger.wandb is not None:
             import wandb
@@ -325,6 +316,18 @@ class AttentionMonitor:
                                      title=f"induction score per head (layer.head), up to step {step}")
         images["attn/heads_over_training"] = self.picture_path
         return images
+
+    def draw_circuit(self, step: int, edges: list, roles: dict[str, np.ndarray]) -> Path:
+        """The circuit picture of this snapshot (insight/circuit_plot.py), each head's strongest source per kind,
+        the heads labelled with their roles, as `attn/circuit/step_{S}.png`."""
+        png = self.dir / "circuit" / f"step_{step:06d}.png"
+        n_layer, n_head = self.model.config.n_layer, self.model.config.n_head
+        labels = {(layer, head): role_label(*(float(roles[name][layer, head]) for name in ROLE_NAMES))
+                  for layer in range(n_layer) for head in range(n_head)}
+        with could_not_write(png, self.out_dir):
+            png.parent.mkdir(exist_ok=True)
+            draw_circuit(edges, n_layer, n_head, labels, path=png, title=f"strongest composition sources, step {step}")
+        return png
 
     def write_explorer(self, step: int, internals: dict, head_scores: dict[str, np.ndarray]) -> Path:
         """The explorer of every layer and head over the probe, as `attn/explorer/step_{S}.html`, its

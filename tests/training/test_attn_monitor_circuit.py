@@ -7,36 +7,19 @@ from __future__ import annotations
 import re
 from types import SimpleNamespace
 
-import numpy as np
-import pytest
 
-from insight.circuits import composition_zscores, path_ablation
+from insight.circuits import path_ablation
 from tests.insight.test_circuits import text_and_probe, tiny
-from training.attn_monitor import AttentionMonitor, circuit_text, formed_at, strongest_sources
+from training.attn_monitor import AttentionMonitor, circuit_text, formed_at, sources_by_target
 
 CIRCUIT = re.compile(r"circuit: L(\d+)\.H(\d+) -K-> L(\d+)\.H(\d+) \(z (-?[\d.]+|inf), path ablation (-?[\d.]+) "
                      r"induction\) formed at step (\d+)")
 
 
-@pytest.mark.parametrize("shape", ["gqa-rmsnorm-rope", "mha-layernorm-learned"])
-def test_strongest_sources_are_the_largest_z_of_every_earlier_head(shape):
-    model = tiny(shape)
-    z = composition_zscores(model)
-    found = strongest_sources(z, model.config.n_head)
-    L, H, K = model.config.n_layer, model.config.n_head, model.config.n_kv_head
-    assert set(found) == {(layer, head) for layer in range(1, L) for head in range(H)}
-    for (layer, head), edges in found.items():
-        for kind in ("q", "k", "v"):
-            column = head if kind == "q" else head // (H // K)  # K and V per kv head
-            best = max(((la, a) for la in range(layer) for a in range(H)), key=lambda s: z[kind][s[0], s[1], layer, column])
-            assert edges[kind] == (f"L{best[0]}.H{best[1]}", z[kind][best[0], best[1], layer, column])
-
-
-def test_a_nan_never_wins():
-    z = {"k": np.full((2, 2, 2, 2), np.nan)}
-    z["k"][0, 1, 1, :] = 3.0
-    assert strongest_sources(z, 2) == {(1, 0): {"k": ("L0.H1", 3.0)}, (1, 1): {"k": ("L0.H1", 3.0)}}
-    assert strongest_sources({"k": np.full((2, 2, 2, 2), np.nan)}, 2) == {}
+def test_sources_by_target_names_each_edge_as_stats_csv_writes_it():
+    edges = [("k", (0, 2), (1, 1), 6.5), ("q", (0, 1), (1, 1), 2.0), ("v", (1, 3), (2, 0), 4.0)]
+    assert sources_by_target(edges) == {(1, 1): {"k": ("L0.H2", 6.5), "q": ("L0.H1", 2.0)},
+                                        (2, 0): {"v": ("L1.H3", 4.0)}}
 
 
 def test_formed_at_is_the_first_step_of_the_last_unbroken_run():
@@ -62,7 +45,8 @@ def scripted_monitor(model, induction: dict[tuple[int, int], list[float]], k_sou
     """A monitor as a run leaves it after the scripted snapshots, with `model` as its final weights."""
     monitor = AttentionMonitor.__new__(AttentionMonitor)
     text, probe = text_and_probe()
-    monitor.model, monitor.probes, monitor.circuit, monitor.seconds = model, SimpleNamespace(text=text, roles=probe), True, 0.0
+    monitor.model, monitor.circuit, monitor.seconds = model, True, 0.0
+    monitor.probes = SimpleNamespace(text=text, roles=probe)
     monitor.induction_rows = [(s, l, h, v[i]) for i, s in enumerate(steps) for (l, h), v in induction.items()]
     monitor.k_rows = [(s, l, h, v[i], 10.0 * (i + 1)) for i, s in enumerate(steps) for (l, h), v in k_sources.items()]
     monitor.icl_rows = [(s, -0.5 * i) for i, s in enumerate(steps)]

@@ -144,6 +144,9 @@ def test_ablation_off_leaves_the_column_empty_and_logs_no_key(tmp_path, monkeypa
     assert isinstance(next(d for d in logged if "attn/heads_over_training" in d)["attn/heads_over_training"],
                       FakeWandb.Image)
     assert {"attn/layer_0", "attn/layer_1"} <= keys and not any(k.endswith("_zoom") for k in keys)  # 32 tokens
+    picture = next(d for d in logged if "attn/circuit_picture" in d)["attn/circuit_picture"]
+    assert isinstance(picture, FakeWandb.Image) and picture.path.endswith("circuit/step_000002.png")
+    assert (tmp_path / "off" / "attn" / "circuit" / "step_000002.png").is_file()
     logged.clear()
     train(tiny_config(tmp_path / "on", "train.max_iters=2", "eval.interval=2", "wandb.mode=offline",
                       "model.block_size=64"))  # a 64-token probe: the zoom is logged beside each full map

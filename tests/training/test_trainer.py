@@ -190,8 +190,8 @@ def test_offline_wandb_run_holds_the_scalars(tmp_path, monkeypatch):
     # attention while it trains: one heatmap per drawn layer (tiny: 2 layers -> 0 and 1) per snapshot
     # (evals at steps 20), and the per-head statistic keys
     images = sorted(p.name for p in (runs[0] / "files" / "media" / "images").rglob("*.png"))
-    assert len(images) == 3 and any("layer_0" in n for n in images) and any("layer_1" in n for n in images)
-    assert any("heads_over_training" in n for n in images)
+    assert len(images) == 4 and any("layer_0" in n for n in images) and any("layer_1" in n for n in images)
+    assert any("heads_over_training" in n for n in images) and any("circuit_picture" in n for n in images)
     pages = list((runs[0] / "files" / "media" / "html").rglob("*.html"))  # the explorer, as wandb.Html
     assert len(pages) == 1 and b"attn/explorer" in records
     assert "wandb.ai" not in pages[0].read_text(encoding="utf-8")  # no stylesheet injected: still offline
