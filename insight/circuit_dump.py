@@ -6,15 +6,19 @@ layer, target head) arrays with the kind axis in COMPOSITION_KINDS order (q, k, 
 Path ablation of every pair is n_head² × n_layer² / 2 runs of the later layers (10,000 at GPT-2 small's 144 heads),
 so it is run by a rule: for each target head of layer >= 1 and each kind, its TOP_SOURCES sources of largest
 composition z (NaN everywhere else). Those are the edges the z names; path ablation says whether each matters.
+The values are insight.circuits.path_ablation's (the tests hold them equal); computed here with the intact runs of
+the prompt and the probe shared by every target, and on the probe only the target's layer (its role scores need
+no later one), which at GPT-2 small's shape is what makes the rule affordable on a CPU.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from insight.circuits import (COMPOSITION_KINDS, composition_scores, composition_zscores, direct_logit_attribution,
-                              ov_promoted_tokens, path_ablation)
-from insight.roles import ROLE_NAMES
+from insight.ablation import _stream_and_head_outputs, _summed_loss, _targets, eval_mode
+from insight.circuits import (COMPOSITION_KINDS, _composition_terms, _final_hidden, _layer_with_one_input_replaced,
+                              direct_logit_attribution, ov_promoted_tokens)
+from insight.roles import ROLE_NAMES, duplicate_token_score, induction_score, prev_token_score
 
 TOP_SOURCES = 3  # sources path-ablated per target head and kind: the largest z's (module doc)
 OV_ATTENDED = 3  # tokens of the prompt per head whose OV write is kept: those it attends to most
@@ -41,6 +45,73 @@ def top_sources(z: np.ndarray, target: tuple[int, int], k: int = TOP_SOURCES) ->
     order = finite[np.argsort(-column[finite], kind="stable")][:k]
     n_head = z.shape[1]
     return [(int(i) // n_head, int(i) % n_head) for i in order]
+
+
+class _IntactRun:
+    """One input's intact pass, shared by every path ablation on it: the residual stream (n_layer + 1 of (B, T, d)),
+    each layer's head outputs (B, n_head, T, head_dim), the attention maps of every layer and RoPE's angles."""
+
+    def __init__(self, model, idx: torch.Tensor):
+        self.model, self.idx = model, idx
+        self.stream, self.outputs = _stream_and_head_outputs(model, idx, heads=True)
+        self.maps = model.attention_maps(idx)  # {layer: (B, n_head, T, T)}
+        self.rope = model.rope_freqs[:idx.shape[1]] if model.config.pos == "rope" else None  # as GPT passes it
+
+    def write(self, layer: int, head: int) -> torch.Tensor:
+        """What head (layer, head) added to the residual stream, out_h W_O^h: (B, T, d_model)."""
+        hd = self.model.config.head_dim
+        w_o = self.model.blocks[layer].attn.out_proj.weight[:, head * hd:(head + 1) * hd]  # (d, hd)
+        return self.outputs[layer][:, head] @ w_o.T
+
+    def ablated(self, kind: str, target: tuple[int, int], sources: list[tuple[int, int]]
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's layer with each source's write removed from the target's `kind` input (zero mode, as
+        path_ablation): (that layer's output (n, B, T, d), its attention maps (n, B, n_head, T, T))."""
+        lb, b = target
+        x = self.stream[lb]  # (B, T, d)
+        removed = torch.stack([self.write(la, a) for la, a in sources])  # (n, B, T, d)
+        n, (B, T, d) = len(sources), x.shape
+        wide = x.expand(n, B, T, d).reshape(n * B, T, d)
+        out, weights = _layer_with_one_input_replaced(self.model, lb, wide, wide - removed.reshape(n * B, T, d), kind,
+                                                      b, self.rope)
+        return out.view(n, B, T, d), weights.view(n, B, *weights.shape[1:])
+
+
+def _path_arrays(model, idx: torch.Tensor, probe: torch.Tensor | None, z: np.ndarray) -> dict[str, np.ndarray]:
+    """{name: (3, L, H, L, H) float32} for PATH_NAMES: path ablation (zero) of each target's top_sources by z
+    (3, L, H, L, H), what insight.circuits.path_ablation(model, idx, probe, kind, target, sources) returns for them;
+    NaN elsewhere. idx (1, T), T >= 2."""
+    config = model.config
+    L, H = config.n_layer, config.n_head
+    path = {name: np.full((len(COMPOSITION_KINDS), L, H, L, H), np.nan, dtype=np.float32) for name in PATH_NAMES}
+    targets = _targets(idx, None)
+    count = int((targets >= 0).sum())
+    with eval_mode(model):
+        text = _IntactRun(model, idx)
+        intact_loss = float(_summed_loss(model, model.final_norm(text.stream[-1]), targets)) / count
+        on_probe = _IntactRun(model, probe) if probe is not None else None
+        R = (probe.shape[1] - 1) // 2 if probe is not None else 0
+        probe_scores = {"duplicate_token": lambda w: duplicate_token_score(w, R),
+                        "induction": lambda w: induction_score(w, R)}
+        for k, kind in enumerate(COMPOSITION_KINDS):
+            for lb in range(1, L):
+                for b in range(H):
+                    sources = top_sources(z[k], (lb, b))
+                    if not sources:  # every z NaN (a head of zero weights): nothing to ablate
+                        continue
+                    at = (k, *np.array(sources).T, lb, b)  # the sources' cells of this target's column
+                    out, weights = text.ablated(kind, (lb, b), sources)
+                    hidden = _final_hidden(model, lb, out.flatten(0, 1)).view(*out.shape[:3], -1)
+                    path["dloss"][at] = [float(_summed_loss(model, h, targets)) / count - intact_loss for h in hidden]
+                    intact = float(prev_token_score(text.maps[lb][:, b:b + 1])[0])
+                    path["prev_token"][at] = [float(prev_token_score(w[:, b:b + 1])[0]) - intact for w in weights]
+                    if on_probe is None:
+                        continue
+                    _, weights = on_probe.ablated(kind, (lb, b), sources)  # no later layer: the maps are all
+                    for name, score in probe_scores.items():
+                        intact = float(score(on_probe.maps[lb][:, b:b + 1])[0])
+                        path[name][at] = [float(score(w[:, b:b + 1])[0]) - intact for w in weights]
+    return path
 
 
 def _ov_arrays(model, idx: torch.Tensor) -> dict[str, np.ndarray]:
@@ -71,19 +142,17 @@ def prompt_circuit_arrays(model, idx: torch.Tensor, probe: torch.Tensor | None) 
     config = model.config
     L, H = config.n_layer, config.n_head
     T = idx.shape[1]
-    z = _per_query_head(composition_zscores(model), H)  # (3, L, H, L, H)
-    arrays = {"circuit_composition": _per_query_head(composition_scores(model), H), "circuit_z": z}
+    # composition_scores and composition_zscores from one pass over the weights (their own formulas)
+    squared, variance, n = _composition_terms(model, group_kv=True, rope_offsets=None)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z_by_kind = {kind: (squared[kind] - 1.0 / n) / np.sqrt(variance[kind]) for kind in COMPOSITION_KINDS}
+    z = _per_query_head(z_by_kind, H)  # (3, L, H, L, H)
+    arrays = {"circuit_composition": _per_query_head({kind: np.sqrt(v) for kind, v in squared.items()}, H),
+              "circuit_z": z}
     path = {name: np.full((len(COMPOSITION_KINDS), L, H, L, H), np.nan, dtype=np.float32) for name in PATH_NAMES}
     direct = np.full((L, H), np.nan, dtype=np.float32)
     if T >= 2:
-        for kind_index, kind in enumerate(COMPOSITION_KINDS):
-            for lb in range(1, L):
-                for b in range(H):
-                    sources = top_sources(z[kind_index], (lb, b))
-                    found = path_ablation(model, idx, probe, kind, (lb, b), sources)
-                    for name in PATH_NAMES:
-                        for (la, a), value in zip(sources, found[name]):
-                            path[name][kind_index, la, a, lb, b] = value
+        path = _path_arrays(model, idx, probe, z)
         direct = direct_logit_attribution(model, idx, relative_to_mean=True)["heads"].mean(axis=0).astype(np.float32)
         prompt_note = (f"circuit path ablation (zero) of each target head's top {TOP_SOURCES} sources by z per kind "
                        f"on the prompt's {T} tokens; direct logit attribution relative to the mean logit, mean over "
