@@ -19,18 +19,24 @@ window.attnCircuitView = function (x) {
     kind: C.kinds[k], la, a, lb, b, z: z === null ? NaN : z, score, dloss, roles }));
   // an edge's rank among its target's sources of the same kind (0 = the largest z): the edges come in that order
   const seen = {};
-  for (const e of edges) { const key = `${e.kind}.${e.lb}.${e.b}`; e.rank = seen[key] = key in seen ? seen[key] + 1 : 0; }
+  for (const e of edges) {
+    const key = `${e.kind}.${e.lb}.${e.b}`;
+    e.rank = seen[key] = key in seen ? seen[key] + 1 : 0;
+  }
   const nodeX = (h) => PAD + h * GAP_X, nodeY = (L) => PAD / 2 + L * GAP_Y;
   const name = (L, h) => `L${L}.H${h}`;
-  const num = (v, d = 2) => (v === null || v === undefined || Number.isNaN(v) ? "–" : fmt(v, d));
-  const signed = (v, d = 2) => (v === null || v === undefined || Number.isNaN(v) ? "–" : (v > 0 ? "+" : "") + v.toFixed(d));
+  const missing = (v) => v === null || v === undefined || Number.isNaN(v);
+  const num = (v, d = 2) => (missing(v) ? "–" : fmt(v, d));
+  const signed = (v, d = 2) => (missing(v) ? "–" : (v > 0 ? "+" : "") + v.toFixed(d));
   const zText = (z) => (Number.isNaN(z) ? "∞ or –" : z.toFixed(1));
   const roleOf = (L, h) => (M.roles[L] && M.roles[L][h]) || "";
 
   // the largest role change of an edge's target, as [short name, Δ] (null when none was measured)
   function roleChange(e) {
     let best = null;
-    e.roles.forEach((d, i) => { if (d !== null && (!best || Math.abs(d) > Math.abs(best[1]))) best = [ROLE_SHORT[i], d]; });
+    e.roles.forEach((d, i) => {
+      if (d !== null && (!best || Math.abs(d) > Math.abs(best[1]))) best = [ROLE_SHORT[i], d];
+    });
     return best;
   }
   const shown = (e) => st.kinds.has(e.kind) && e.rank < st.perTarget && !(e.z < st.zMin); // +inf (NaN here) passes
@@ -43,18 +49,22 @@ window.attnCircuitView = function (x) {
       cb.addEventListener("change", () => { cb.checked ? st.kinds.add(k) : st.kinds.delete(k); draw(); });
       const sw = el("span", { class: "kind-swatch" });
       sw.style.borderTop = `3px ${KIND[k].dash ? (k === "k" ? "dashed" : "dotted") : "solid"} ${KIND[k].colour}`;
-      controls.append(el("label", { title: `${KIND[k].name}-composition: a source's write read by the target's ${KIND[k].reads}` },
-                         [cb, sw, KIND[k].name]));
+      const title = `${KIND[k].name}-composition: a source's write read by the target's ${KIND[k].reads}`;
+      controls.append(el("label", { title }, [cb, sw, KIND[k].name]));
     }
     const per = el("select", { id: "circuit-per-target" });
     for (let n = 1; n <= C.top_sources; n++) per.append(el("option", { value: n }, n));
     per.addEventListener("change", () => { st.perTarget = +per.value; draw(); });
-    const zMin = el("input", { type: "number", id: "circuit-z-min", step: "any", value: C.edge_z_min, style: "width:5em" });
-    zMin.addEventListener("change", () => { st.zMin = Number.isFinite(+zMin.value) ? +zMin.value : -Infinity; draw(); });
+    const zMin = el("input", { type: "number", id: "circuit-z-min", step: "any", value: C.edge_z_min,
+                               style: "width:5em" });
+    zMin.addEventListener("change", () => {
+      st.zMin = Number.isFinite(+zMin.value) ? +zMin.value : -Infinity;
+      draw();
+    });
     controls.append(el("label", {}, ["sources per target ", per]), el("label", {}, ["z ≥ ", zMin]));
-    $("circuit-hint").textContent = `Each target head's strongest sources by composition z (against a random rotation ` +
-      `of the residual stream), per kind: Q solid, K dashed, V dotted; width and opacity ∝ z. Path ablation was run on ` +
-      `each target's top ${C.top_sources} per kind. Click a head.`;
+    $("circuit-hint").textContent = `Each target head's strongest sources by composition z (against a random ` +
+      `rotation of the residual stream), per kind: Q solid, K dashed, V dotted; width and opacity ∝ z. Path ` +
+      `ablation was run on each target's top ${C.top_sources} per kind. Click a head.`;
     $("circuit-note").textContent = C.note + ".";
     const svg = $("circuit-svg");
     const width = PAD * 2 + (H - 1) * GAP_X, height = PAD + (NL - 1) * GAP_Y;
@@ -79,18 +89,21 @@ window.attnCircuitView = function (x) {
       const x1 = nodeX(e.a), y1 = nodeY(e.la) + R, x2 = nodeX(e.b), y2 = nodeY(e.lb) - R;
       const bow = offset[e.kind] * 14 + (x1 === x2 ? 10 : 0), my = (y1 + y2) / 2;
       const strength = Number.isNaN(e.z) ? 1 : e.z / top;
-      const open = st.open && ((e.la === st.open[0] && e.a === st.open[1]) || (e.lb === st.open[0] && e.b === st.open[1]));
+      const open = st.open && ((e.la === st.open[0] && e.a === st.open[1]) ||
+                               (e.lb === st.open[0] && e.b === st.open[1]));
       svg.append(el("path", {
-        d: `M ${x1} ${y1} C ${x1 + bow} ${my}, ${x2 + bow} ${my}, ${x2} ${y2}`, fill: "none", stroke: KIND[e.kind].colour,
+        d: `M ${x1} ${y1} C ${x1 + bow} ${my}, ${x2 + bow} ${my}, ${x2} ${y2}`, fill: "none",
+        stroke: KIND[e.kind].colour,
         "stroke-dasharray": KIND[e.kind].dash, "stroke-width": (1 + 4 * strength).toFixed(2),
         "stroke-opacity": (st.open && !open ? 0.08 : 0.25 + 0.75 * strength).toFixed(3), class: "circuit-edge",
         "data-kind": e.kind, "data-source": `${e.la}.${e.a}`, "data-target": `${e.lb}.${e.b}`, "data-z": e.z },
-        [el("title", {}, `${name(e.la, e.a)} → ${name(e.lb, e.b)}'s ${KIND[e.kind].reads}: z ${zText(e.z)}`, SVG_NS)], SVG_NS));
+        [el("title", {}, `${name(e.la, e.a)} → ${name(e.lb, e.b)}'s ${KIND[e.kind].reads}: z ${zText(e.z)}`,
+            SVG_NS)], SVG_NS));
     }
     for (let L = 0; L < NL; L++) for (let h = 0; h < H; h++) {
       const role = roleOf(L, h), open = st.open && st.open[0] === L && st.open[1] === h;
-      const g = el("g", { class: "circuit-node" + (open ? " open" : "") + (role ? " has-role" : ""), id: `circuit-node-${L}-${h}`,
-                          "data-layer": L, "data-head": h }, [
+      const g = el("g", { class: "circuit-node" + (open ? " open" : "") + (role ? " has-role" : ""),
+                          id: `circuit-node-${L}-${h}`, "data-layer": L, "data-head": h }, [
         el("circle", { cx: nodeX(h), cy: nodeY(L), r: R }, undefined, SVG_NS),
         el("text", { x: nodeX(h), y: nodeY(L) + 4, "text-anchor": "middle" }, String(h), SVG_NS),
         el("title", {}, `${name(L, h)}${role ? " · " + role : ""}: ${C.descriptions[L][h]}`, SVG_NS)], SVG_NS);
@@ -100,8 +113,8 @@ window.attnCircuitView = function (x) {
   }
 
   function table(id, head, rows) {
-    return el("table", { id, class: "circuit-table" }, [el("thead", {}, [el("tr", {}, head.map((c) => el("th", {}, c)))]),
-                                                       el("tbody", {}, rows)]);
+    const thead = el("thead", {}, [el("tr", {}, head.map((c) => el("th", {}, c)))]);
+    return el("table", { id, class: "circuit-table" }, [thead, el("tbody", {}, rows)]);
   }
   function edgeRow(e, other) {
     const change = roleChange(e);

@@ -79,7 +79,8 @@ def test_an_edge_confirmed_by_the_loss_is_named_with_its_kind_z_and_dloss():
     ("induction", -PATH_ROLE_MIN, True), ("induction", PATH_ROLE_MIN * 0.99, False)])
 def test_an_edge_is_named_only_past_each_threshold(field, value, named):
     scores, circuit = arrays()
-    edge = {"z": 10.0, "dloss": 1.0 if field == "z" else 0.0, "induction": 0.0, field: value}  # z: a loss-confirmed edge
+    # the z cases on an edge the loss confirms; the others on a z of 10, past EDGE_Z_MIN
+    edge = {"z": 10.0, "dloss": 1.0 if field == "z" else 0.0, "induction": 0.0, field: value}
     with_edge(circuit, **edge)
     line = head_descriptions(scores, circuit)[0][0]
     assert line.startswith("feeds L1.H1") == named, line
@@ -89,7 +90,7 @@ def test_an_edge_is_named_only_past_each_threshold(field, value, named):
 
 def test_the_strongest_confirmed_edge_wins_not_the_strongest_edge():
     scores, circuit = arrays()
-    with_edge(circuit, z=50.0, dloss=0.0, kind=0, target=(1, 0))  # the largest z, but cutting it changes nothing
+    with_edge(circuit, z=50.0, dloss=0.0, kind=0, target=(1, 0))  # the largest z; cutting it changes nothing
     with_edge(circuit, z=20.0, dloss=0.3, kind=2, target=(1, 1))
     with_edge(circuit, z=30.0, dloss=-0.2, kind=0, target=(1, 1))
     assert head_descriptions(scores, circuit)[0][0] == "feeds L1.H1's queries (Q, z 30.0; path ablation -0.20 nats)"

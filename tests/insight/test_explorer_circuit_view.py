@@ -1,5 +1,5 @@
-"""The explorer's Circuit tab (insight/explorer/circuit_view.js) in headless Chromium (tests/explorer_browser.py), against
-the attn.npz of the same dump: a node per head, each drawn edge one of its target's top sources by z, and the
+"""The explorer's Circuit tab (insight/explorer/circuit_view.js) in headless Chromium (tests/explorer_browser.py),
+against the attn.npz of the same dump: a node per head, each drawn edge one of its target's top sources by z, and the
 panel of a clicked head with its inputs, outputs, direct logit, description and OV tokens."""
 from __future__ import annotations
 
