@@ -133,8 +133,9 @@ def _scores_meta(head_scores: dict[str, np.ndarray] | None, n_head: int) -> dict
 
 
 def _number(x) -> float | None:
+    """x to 5 significant digits (float32's repr in JSON is twice as long and says no more), NaN and inf as null."""
     x = float(x)
-    return x if math.isfinite(x) else None
+    return float(f"{x:.5g}") if math.isfinite(x) else None
 
 
 def _circuit_meta(scores: HeadScores | None, n_head: int) -> dict | None:
