@@ -3,9 +3,9 @@ doc lists the keys): insight/circuits.py's measures of every head of the model, 
 arrays beside prompt_head_scores', and, for the edges between heads, as (kind, source layer, source head, target
 layer, target head) arrays with the kind axis in COMPOSITION_KINDS order (q, k, v).
 
-Path ablation of every pair is n_head² × n_layer² / 2 runs of the later layers (10,000 at GPT-2 small's 144 heads),
-so it is run by a rule: for each target head of layer >= 1 and each kind, its TOP_SOURCES sources of largest
-composition z (NaN everywhere else). Those are the edges the z names; path ablation says whether each matters.
+Path ablation of every edge is 3 n_head² n_layer (n_layer - 1) / 2 runs of the later layers (28,512 at GPT-2
+small's shape), so it is run by a rule: for each target head of layer >= 1 and each kind, its TOP_SOURCES sources
+of largest composition z (NaN everywhere else; 1,188 runs at GPT-2 small's shape). Those are the edges the z names; path ablation says whether each matters.
 The values are insight.circuits.path_ablation's (the tests hold them equal); computed here with the intact runs of
 the prompt and the probe shared by every target, and on the probe only the target's layer (its role scores need
 no later one), which at GPT-2 small's shape is what makes the rule affordable on a CPU.
