@@ -2,7 +2,8 @@
 
     python sample.py --prompt "ROMEO:"                       # the checkpoint of configs/small.yaml
     python sample.py --ckpt runs/x --prompt-file p.txt --num-samples 3 --temperature 0.8 --top-p 0.9
-    python sample.py --prompt "To be, or not" --dump-attn all   # attn.npz (+ head roles, ablation), heatmaps, attention.html
+    python sample.py --prompt "To be, or not" --dump-attn all   # attn.npz (+ head roles, ablation, circuit), heatmaps,
+                                                                # attention.html
     python sample.py --ckpt gpt2 --prompt "The animal didn't cross the street because it was tired" --dump-attn all
 
 --ckpt also takes a Hugging Face model folder or hub id (GPT-2, Llama family): converted in memory.
@@ -129,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from common.device import resolve_device
     from common.paths import check_outside_runs
-    from insight.dump import dump_internals, parse_layer_heads, prompt_head_scores
+    from insight.dump import dump_internals, parse_layer_heads, prompt_circuit_scores, prompt_head_scores
     from insight.explorer import ExplorerOptions, HeadScores
     from pretrained.memory import device_memory, generation_bytes, human_bytes, param_count
     from model.generate import generate
@@ -170,16 +171,17 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--dump-attn: {e}") from None
         internals = model.attention_internals(idx, layers=sorted(heads))  # weights, q, k, v, W_O
         scores, scores_note = prompt_head_scores(model, idx, tokenizer)  # every layer's roles and ablation
+        circuit = prompt_circuit_scores(model, idx, tokenizer)  # composition, path ablation, direct logits
         try:
             written = dump_internals(internals, heads, tokenizer.token_strings(ids), dump_dir, token_ids=ids,
                                      options=ExplorerOptions(title=f"attention of {source.label}", n_layer=cfg.n_layer),
-                                     scores=HeadScores(scores, scores_note))
+                                     scores=HeadScores(scores, scores_note, circuit))
         except OSError as e:  # a --dump-dir that is a file, or not writable
             raise UserError(f"cannot write attention maps into '{dump_dir}': {e.strerror or e}; "
                             f"pass a writable folder with --dump-dir") from None
         print(f"attention maps of layers {', '.join(map(str, sorted(heads)))} over {len(ids)} prompt tokens: "
               f"{', '.join(str(p) for p in written)}", file=sys.stderr)
-        for part in scores_note.split("; "):  # a 1-token prompt, a block too short for the role probe
+        for part in f"{scores_note}; {circuit.note}".split("; "):  # a 1-token prompt, a block too short for the probe
             if "NaN" in part:
                 print(f"note: {part}", file=sys.stderr)
 

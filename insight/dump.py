@@ -19,6 +19,29 @@ sample.py also writes what each head does (`prompt_head_scores`), for EVERY laye
 A 1-token prompt has no next token and no previous one: head_prev_token and head_ablation_dloss are NaN
 (sample.py says so). The explorer's Statistics tab shows these beside the statistics of the maps, with a
 role label per head (insight.roles.role_label, thresholds ROLE_THRESHOLDS).
+
+And the circuit between the heads (`prompt_circuit_scores`: insight/circuit_dump.py, from insight/circuits.py),
+also over every layer. Edge arrays are (3, n_layer, n_head, n_layer, n_head) float32 indexed [kind, source layer,
+source head, target layer, target head], kind in COMPOSITION_KINDS order (q, k, v), NaN wherever the source's
+layer is not before the target's; a kv head's K and V edges stand on each query head of its group:
+    circuit_composition   the composition score ‖W_OV^A W^B‖ / (‖W_OV^A‖ ‖W^B‖), from the weights
+    circuit_z             its z against a random rotation of the residual stream (composition_zscores; +inf where
+                          a matrix is isotropic)
+    circuit_path_dloss    path ablation (zero) of the edge on the prompt: the loss's change, nats; only for each
+                          target's TOP_SOURCES (3) sources of largest z per kind, NaN for every other edge
+    circuit_path_prev_token, circuit_path_duplicate_token, circuit_path_induction
+                          the same ablations' change of the target's role score (prev_token on the prompt, the
+                          other two on the role probe); for a V edge 0 (a value path never moves the maps)
+Per head, (n_layer, n_head) unless said:
+    head_direct_logit     direct logit attribution relative to the mean logit (the correct token's logit minus the
+                          mean logit, what the softmax sees), mean over the prompt's predicted positions
+    head_ov_token         (n_layer, n_head, 3) int64: the prompt's token ids the head attends to most (-1: fewer)
+    head_ov_attention     (n_layer, n_head, 3) float32: each one's share of the head's attention
+    head_ov_promoted      (n_layer, n_head, 3, 5) int64: the tokens each one's write promotes most (ov_promoted_tokens)
+    head_ov_promoted_logit  (n_layer, n_head, 3, 5) float32: by how much (direct logit per unit of attention)
+    head_description      (n_layer, n_head) str: one line of what the head does (insight/describe.py's rules)
+A 1-token prompt: circuit_path_* and head_direct_logit are NaN (no next token; the note says so); the
+composition arrays come from the weights and the OV tokens from the one token, and are there.
 """
 from __future__ import annotations
 
@@ -30,7 +53,9 @@ import torch
 
 from common.writes import write_file
 from insight.ablation import ablation_dloss
-from insight.explorer import HEAD_SCORE_NAMES, ExplorerOptions, HeadScores, write_explorer
+from insight.circuit_dump import prompt_circuit_arrays
+from insight.describe import head_descriptions
+from insight.explorer import HEAD_SCORE_NAMES, CircuitScores, ExplorerOptions, HeadScores, write_explorer
 from insight.heatmap import draw_heatmap
 from insight.roles import prev_token_score, probe_length, probe_role_scores, role_probe
 from insight.value_weighted import internals_value_norms
@@ -67,6 +92,20 @@ def parse_layer_heads(spec: str, n_layer: int, n_head: int) -> dict[int, list[in
     return selected
 
 
+def dump_probe(model, tokenizer, device: torch.device, role_batch: int = ROLE_BATCH,
+               seed: int = ROLE_SEED) -> tuple[torch.Tensor | None, str]:
+    """The role probe every dump measures on (insight.roles.role_probe, on `device`) and a note saying what it
+    is; None, and a note saying why, when block_size leaves no room for one."""
+    R = probe_length(model.config.block_size)
+    if R < 1:
+        return None, (f"duplicate_token and induction are NaN: block_size {model.config.block_size} leaves no room "
+                      f"for the role probe (a start token and two copies)")
+    probe = role_probe(tokenizer.ordinary_ids(), tokenizer.start_id, model.config.block_size, batch=role_batch,
+                       seed=seed).to(device)
+    return probe, (f"duplicate_token and induction on the role probe ({role_batch} × a start token, {R} random "
+                   f"tokens and the same {R} again, seed {seed})")
+
+
 @torch.no_grad()
 def prompt_head_scores(model, idx: torch.Tensor, tokenizer, role_batch: int = ROLE_BATCH,
                        seed: int = ROLE_SEED) -> tuple[dict[str, np.ndarray], str]:
@@ -77,16 +116,7 @@ def prompt_head_scores(model, idx: torch.Tensor, tokenizer, role_batch: int = RO
     T = idx.shape[1]
     n_layer, n_head = model.config.n_layer, model.config.n_head
     nan = np.full((n_layer, n_head), np.nan)
-    R = probe_length(model.config.block_size)
-    probe = None
-    if R >= 1:
-        probe = role_probe(tokenizer.ordinary_ids(), tokenizer.start_id, model.config.block_size,
-                           batch=role_batch, seed=seed).to(idx.device)
-        probe_note = (f"duplicate_token and induction on the role probe ({role_batch} × a start token, {R} random "
-                      f"tokens and the same {R} again, seed {seed})")
-    else:
-        probe_note = (f"duplicate_token and induction are NaN: block_size {model.config.block_size} leaves no room "
-                      f"for the role probe (a start token and two copies)")
+    probe, probe_note = dump_probe(model, tokenizer, idx.device, role_batch, seed)
     roles = probe_role_scores(model, probe) if probe is not None else {"duplicate_token": nan, "induction": nan}
     if T >= 2:  # a 1-token prompt has no previous token and no next one
         maps = model.attention_maps(idx)  # {layer: (1, n_head, T, T)}, eval mode
@@ -102,16 +132,27 @@ def prompt_head_scores(model, idx: torch.Tensor, tokenizer, role_batch: int = RO
     return {name: np.asarray(scores[name], dtype=np.float32) for name in HEAD_SCORE_NAMES}, note
 
 
+def prompt_circuit_scores(model, idx: torch.Tensor, tokenizer) -> CircuitScores:
+    """The circuit arrays of the prompt idx (1, T) (insight.circuit_dump.prompt_circuit_arrays, on dump_probe's
+    role probe), their note, and the text of every token id they name (the OV-promoted tokens), for the page."""
+    probe, _ = dump_probe(model, tokenizer, idx.device)
+    arrays, note = prompt_circuit_arrays(model, idx, probe)
+    named = np.concatenate([arrays["head_ov_token"].ravel(), arrays["head_ov_promoted"].ravel()])
+    ids = sorted(int(i) for i in np.unique(named[named >= 0]))
+    return CircuitScores(arrays, note, dict(zip(ids, tokenizer.token_strings(ids))))
+
+
 def dump_attention(weights_by_layer: dict[int, torch.Tensor], heads_by_layer: dict[int, list[int]],
                    tokens: Sequence[str], out_dir: str | Path,
                    token_ids: Sequence[int] | None = None,
                    value_norms: dict[int, torch.Tensor] | None = None,
-                   head_scores: dict[str, np.ndarray] | None = None) -> list[Path]:
+                   scores: HeadScores | None = None) -> list[Path]:
     """Write `attn.npz` (its keys: module doc; `token_ids` when given, exact where a numpy string array is not,
     e.g. it drops a token's trailing NUL) and one heatmap `layer_L.png` of the selected heads per layer.
     weights_by_layer: (n_head, T, T) maps per layer, e.g. GPT.attention_maps(idx)[L][0]; value_norms, when given:
     (n_head, T) ||v_j W_O^h|| per layer (insight.value_weighted), for `value_norm_L` and `value_weighted_L`;
-    head_scores, when given: {name: (n_layer, n_head)} (`prompt_head_scores`), written as `head_{name}`."""
+    scores, when given: its values {name: (n_layer, n_head)} (`prompt_head_scores`), written as `head_{name}`,
+    and its circuit's arrays (`prompt_circuit_scores`) under their own names, with `head_description`."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     arrays: dict[str, np.ndarray] = {"tokens": np.array(list(tokens), dtype=str)}
@@ -131,8 +172,11 @@ def dump_attention(weights_by_layer: dict[int, torch.Tensor], heads_by_layer: di
         png = out_dir / f"layer_{layer}.png"
         draw_heatmap(w, tokens, title=f"layer {layer}", path=png, heads=heads)
         written.append(png)
-    for name, values in (head_scores or {}).items():
+    for name, values in (scores.values if scores is not None else {}).items():
         arrays[f"head_{name}"] = np.asarray(values, dtype=np.float32)
+    if scores is not None and scores.circuit is not None:
+        arrays.update(scores.circuit.arrays)
+        arrays["head_description"] = np.array(head_descriptions(scores.values, scores.circuit.arrays), dtype=str)
     write_file(out_dir / "attn.npz", lambda f: np.savez(f, **arrays))
     return [out_dir / "attn.npz", *written]
 
@@ -149,7 +193,7 @@ def dump_internals(internals: dict[int, AttentionInternals], heads_by_layer: dic
     written = dump_attention({layer: it.weights[item] for layer, it in internals.items()}, heads_by_layer, tokens,
                              out_dir, token_ids=token_ids,
                              value_norms={layer: internals_value_norms(it)[item] for layer, it in internals.items()},
-                             head_scores=None if scores is None else scores.values)
+                             scores=scores)
     html = write_explorer(out_dir / "attention.html", internals, tokens, heads_by_layer, options=options,
                           scores=scores)
     return [*written, html]

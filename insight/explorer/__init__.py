@@ -9,7 +9,10 @@ Views (docs/attention.md, "The explorer", describes each): the head view, with v
 TEXT_VIEW_TOKENS tokens or is char-level; the model view; the step-by-step arithmetic of one (layer, head, query)
 with the model's own q, k and v; and the Statistics tab (stats_view.js), the per-head statistics with what each
 head does when the caller passes `scores` (HeadScores of insight/dump.prompt_head_scores: prev_token,
-duplicate_token, induction, ablation_dloss of every layer) and a role label by insight.roles.role_label.
+duplicate_token, induction, ablation_dloss of every layer) and a role label by insight.roles.role_label; the
+Circuit tab (circuit_view.js) when those scores carry a circuit (CircuitScores of insight/dump.prompt_circuit_scores):
+every head a node, its strongest Q/K/V inputs as edges, and a click on a head shows what it reads, writes and
+promotes, with a line of what it does (insight/describe.py).
 
 The file needs no network: its JS (JS_FILES) and CSS (explorer.css) are inlined into template.html,
 its data is a JSON header plus two base64 gzip blobs (pack.py) that the browser's DecompressionStream
@@ -24,7 +27,7 @@ import base64
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Sequence
@@ -32,6 +35,9 @@ from typing import Sequence
 import numpy as np
 
 from common.writes import write_file
+from insight.circuit_dump import PATH_NAMES, TOP_SOURCES, top_sources
+from insight.circuits import COMPOSITION_KINDS
+from insight.describe import EDGE_Z_MIN, head_descriptions
 from insight.explorer.pack import Blob, choose_detail, detail_order, quantise_rows
 from insight.heatmap import token_label
 from insight.roles import ROLE_LABELS, ROLE_THRESHOLDS, role_label
@@ -42,7 +48,8 @@ from model.gpt import AttentionInternals
 WINDOW = 256  # tokens shown at most: 12 layers x 12 heads x 256 tokens stays under 10 MB
 MAX_BYTES = 10_000_000  # the file's size budget; q/k/v of heads are left out beyond it (the weights never are)
 _SLOT = re.compile(r"\{\{(TITLE|CSS|JS|META|DATA|DETAIL)\}\}")
-JS_FILES = ("text_view.js", "stats_view.js", "explorer.js")  # inlined in this order: explorer.js uses the other two
+JS_FILES = ("text_view.js", "stats_view.js", "circuit_view.js", "explorer.js")  # inlined in this order: explorer.js
+# uses the others
 HEAD_SCORE_NAMES = ("prev_token", "duplicate_token", "induction", "ablation_dloss")  # head_scores' keys
 ROLE_ORDER = ("induction", "prev_token", "duplicate_token")  # the order role_label tries them in, for the page's legend
 TEXT_VIEW_TOKENS = 40  # more tokens than this (or a char-level prompt): the page opens on the text view
@@ -85,13 +92,24 @@ class ExplorerOptions:
 
 
 @dataclass(frozen=True)
+class CircuitScores:
+    """The circuit between the heads, for the Circuit tab: arrays of insight.circuit_dump.prompt_circuit_arrays
+    (its keys; every layer of the model), their note, and token_texts {token id: text} for the ids its OV arrays
+    name (an id without one is shown as #id). insight.dump.prompt_circuit_scores makes it."""
+    arrays: dict[str, np.ndarray]
+    note: str = ""
+    token_texts: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class HeadScores:
     """What each head does, for the Statistics tab: values {name: (n_layer, n_head) array} for names of
     HEAD_SCORE_NAMES (any subset; row l is layer l, every layer of the model, NaN allowed) and a note saying
     what they were measured on. One record, since the note only means something beside its scores;
-    insight.dump.prompt_head_scores returns exactly these two."""
+    insight.dump.prompt_head_scores returns exactly these two. circuit, when given, adds the Circuit tab."""
     values: dict[str, np.ndarray]
     note: str = ""
+    circuit: CircuitScores | None = None
 
 
 def _scores_meta(head_scores: dict[str, np.ndarray] | None, n_head: int) -> dict:
@@ -112,6 +130,44 @@ def _scores_meta(head_scores: dict[str, np.ndarray] | None, n_head: int) -> dict
     prev, dup, ind = (arrays.get(name, nan) for name in ("prev_token", "duplicate_token", "induction"))
     roles = [[role_label(prev[l, h], dup[l, h], ind[l, h]) for h in range(n_head)] for l in range(n_rows)]
     return {"scores": {name: [_finite_or_none(row) for row in a] for name, a in arrays.items()}, "roles": roles}
+
+
+def _number(x) -> float | None:
+    """x to 5 significant digits (float32's repr in JSON is twice as long and says no more), NaN and inf as null."""
+    x = float(x)
+    return float(f"{x:.5g}") if math.isfinite(x) else None
+
+
+def _circuit_meta(scores: HeadScores | None, n_head: int) -> dict | None:
+    """The page's "circuit" (circuit_view.js reads it), or None without one: per target head and kind its
+    TOP_SOURCES edges of largest z (the ones path-ablated), each [kind, la, a, lb, b, z, score, Δloss,
+    Δprev_token, Δduplicate_token, Δinduction] (NaN, +inf as null); per head its direct logit, description and
+    OV tokens [[attended text, share, [[promoted text, logit], ...]], ...]."""
+    if scores is None or scores.circuit is None:
+        return None
+    arrays, texts = scores.circuit.arrays, scores.circuit.token_texts
+    z = np.asarray(arrays["circuit_z"], dtype=np.float64)  # (3, L, H, L, H)
+    if z.ndim != 5 or z.shape[2] != n_head or z.shape[4] != n_head:
+        raise ValueError(f"circuit_z must be (3, n_layer, {n_head}, n_layer, {n_head}), got {z.shape}")
+    n_layer = z.shape[1]
+    raw = arrays["circuit_composition"]
+    path = [arrays[f"circuit_path_{name}"] for name in PATH_NAMES]
+    edges = []
+    for k in range(len(COMPOSITION_KINDS)):
+        for lb in range(1, n_layer):
+            for b in range(n_head):
+                for la, a in top_sources(z[k], (lb, b)):
+                    at = (k, la, a, lb, b)
+                    edges.append([k, la, a, lb, b, _number(z[at]), _number(raw[at]), *(_number(p[at]) for p in path)])
+    text = lambda i: token_label(texts[int(i)], max_len=16) if int(i) in texts else f"#{int(i)}"  # noqa: E731
+    ov = [[[[text(arrays["head_ov_token"][l, h, a]), _number(arrays["head_ov_attention"][l, h, a]),
+             [[text(v), _number(x)] for v, x in zip(arrays["head_ov_promoted"][l, h, a],
+                                                    arrays["head_ov_promoted_logit"][l, h, a]) if v >= 0]]
+            for a in range(arrays["head_ov_token"].shape[2]) if arrays["head_ov_token"][l, h, a] >= 0]
+           for h in range(n_head)] for l in range(n_layer)]
+    return {"n_layer": n_layer, "kinds": list(COMPOSITION_KINDS), "top_sources": TOP_SOURCES, "edge_z_min": EDGE_Z_MIN,
+            "edges": edges, "direct_logit": [_finite_or_none(row) for row in arrays["head_direct_logit"]],
+            "descriptions": head_descriptions(scores.values, arrays), "ov": ov, "note": scores.circuit.note}
 
 
 def explorer_html(internals: dict[int, AttentionInternals], tokens: Sequence[str],
@@ -147,6 +203,7 @@ def explorer_html(internals: dict[int, AttentionInternals], tokens: Sequence[str
         stats[str(layer)] = {name: _finite_or_none(v) for name, v in head_stats(weights).items()}
 
     char_level = W > 1 and all(len(t) == 1 for t in tokens[:W])
+    circuit = _circuit_meta(scores, n_head)  # before `scores` names the page's form of them
     scores = _scores_meta(head_scores, n_head)
     meta = {"format": 1, "title": options.title, "info": options.info,
             "n_layer": options.n_layer or max(layers[-1] + 1, len(scores["roles"])),
@@ -158,7 +215,8 @@ def explorer_html(internals: dict[int, AttentionInternals], tokens: Sequence[str
             "stat_names": list(STAT_NAMES), "stats": stats, "arrays": data.specs,
             "score_names": [name for name in HEAD_SCORE_NAMES if name in scores["scores"]], **scores,
             "scores_note": scores_note, "role_rules": [[ROLE_LABELS[name], name, ROLE_THRESHOLDS[name]] for name in ROLE_ORDER],
-            "quantisation": "8-bit per row: weight = code / 255 * row max", "detail_heads": {}, "detail_arrays": {}}
+            "quantisation": "8-bit per row: weight = code / 255 * row max", "detail_heads": {}, "detail_arrays": {},
+            "circuit": circuit}
     data_gz = data.gzipped()
 
     # q/k/v in float32 in what the weights leave of the budget: base64 makes 4 bytes of 3, gzip

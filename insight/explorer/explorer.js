@@ -1,6 +1,7 @@
 // attngpt attention explorer: a head view, a text view (text_view.js), a model view, the step-by-step
-// arithmetic of one query and per-head statistics (stats_view.js), over data embedded in this very file
-// (insight/explorer/__init__.py writes it). Plain JS, SVG and canvas; nothing is fetched. The data: a JSON
+// arithmetic of one query, per-head statistics (stats_view.js) and the circuit (circuit_view.js), over data
+// embedded in this very file (insight/explorer/__init__.py writes it). Plain JS, SVG and canvas; nothing is
+// fetched. The data: a JSON
 // header (#attn-meta) and two base64 gzip blobs, the 8-bit weights (#attn-data) and float32 q, k, v of
 // some heads (#attn-detail).
 (function () {
@@ -328,8 +329,11 @@
     if (name === "head" || name === "text") st.tokenView = name;
     current = name;
     for (const b of document.querySelectorAll(".tab")) b.classList.toggle("active", b.dataset.tab === name);
-    for (const p of ["head", "text", "model", "stats"]) $(`pane-${p}`).classList.toggle("hidden", p !== name);
-    document.querySelector("main").classList.toggle("wide", name === "stats"); // room for the table's columns
+    for (const p of ["head", "text", "model", "stats", "circuit"]) {
+      $(`pane-${p}`).classList.toggle("hidden", p !== name);
+    }
+    // room for the table's columns, and for the circuit's graph beside its panel
+    document.querySelector("main").classList.toggle("wide", name === "stats" || name === "circuit");
     if (name === "head" || name === "text") revealQuery();
   }
   async function start() {
@@ -339,13 +343,19 @@
     $("info").textContent = (M.info ? M.info + " · " : "") + `${M.layers.length} of ${M.n_layer} layers × ${H} heads (${M.n_kv_head} kv), ` +
       `d_k ${DK} · ${W === M.n_tokens ? W + " tokens" : `tokens 0–${W - 1} of ${M.n_tokens} (window)`}`;
     for (const b of document.querySelectorAll(".tab")) b.addEventListener("click", () => showTab(b.dataset.tab));
-    const shared = { $, el, M, st, alpha, vnorm, fmt, label, W, H, setLayer, setFocus, pickQuery, openHead: showHead, roleOf };
+    const shared = { $, el, M, st, alpha, vnorm, fmt, label, W, H, setLayer, setFocus, pickQuery, openHead: showHead,
+                     roleOf, SVG_NS };
     textView = window.attnTextView(shared);
     buildHeadView(); buildStep(); textView.build();
     api.marks.headView = performance.now();
     buildModelView();
     api.marks.modelView = performance.now();
     window.attnStatsView(shared).build();
+    if (M.circuit) { // the Circuit tab only where the page was given the circuit (sample.py --dump-attn)
+      api.circuitView = window.attnCircuitView(shared);
+      api.circuitView.build();
+      $("tab-circuit").classList.remove("hidden");
+    }
     setLayer(st.layer, M.selected[st.layer]);
     showTab(M.first_view); // the text view first for long or char-level prompts; the last query in sight
     api.ready = true;

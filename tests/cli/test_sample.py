@@ -252,7 +252,7 @@ def test_dump_holds_every_layers_head_scores_even_for_one_layer(ckpts):
     assert f"over the prompt's {len(ids)} tokens" in html
 
 
-def test_a_one_token_prompt_dumps_nan_prev_token_and_ablation_and_says_why(ckpts):
+def test_a_one_token_prompt_dumps_nan_prev_token_ablation_and_circuit_paths_and_says_why(ckpts):
     out = ckpts["tmp"] / "dump_one"
     result = sample("--ckpt", str(ckpts["good"]), "--prompt", "R", "--max-new-tokens", "0", "--dump-attn", "all",
                     "--dump-dir", str(out))
@@ -261,6 +261,10 @@ def test_a_one_token_prompt_dumps_nan_prev_token_and_ablation_and_says_why(ckpts
     with np.load(out / "attn.npz") as npz:
         assert np.isnan(npz["head_prev_token"]).all() and np.isnan(npz["head_ablation_dloss"]).all()
         assert np.isfinite(npz["head_induction"]).all() and np.isfinite(npz["head_duplicate_token"]).all()
+        # the circuit: what needs a next token NaN, what the weights give alone there
+        assert np.isnan(npz["circuit_path_dloss"]).all() and np.isnan(npz["head_direct_logit"]).all()
+        assert np.isfinite(npz["circuit_z"][:, 0, :, 1]).all()
+    assert "note: circuit path ablation and direct logit attribution are NaN: a 1-token prompt" in result.stderr
 
 
 @pytest.fixture(scope="module")
