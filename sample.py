@@ -70,6 +70,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true", help="compile the decode step (torch.compile; CUDA graphs on a "
                                                           "GPU): faster per token after a one-time compile")
     p.add_argument("--dump-attn", metavar="SPEC", help="attention maps over the prompt: all | 0,2 | 1:3,0:1")
+    p.add_argument("--no-circuit", action="store_true",
+                   help="with --dump-attn: leave out the circuit (composition, path ablation, direct logits, OV "
+                        "tokens), which takes minutes for a GPT-2-sized model on a CPU")
     p.add_argument("--dump-dir", type=path_argument("--dump-dir"),
                    help="where --dump-attn writes (default: ./attn_dump; for a Hugging Face model ./attn_dump/<name>; "
                         "never inside a run or model folder)")
@@ -121,6 +124,8 @@ def check_flags(args: argparse.Namespace) -> None:
         raise UserError(f"--num-samples must be at most 2**31-1 (and fit in memory), got {args.num_samples}")
     if args.compile and args.no_kv_cache:
         raise UserError("--compile compiles the KV-cache decode step: drop --no-kv-cache, or --compile")
+    if args.no_circuit and args.dump_attn is None:
+        raise UserError("--no-circuit changes what --dump-attn writes: add --dump-attn SPEC, or drop --no-circuit")
     if not -2**63 <= args.seed < 2**64:  # what torch.Generator.manual_seed takes
         raise UserError(f"--seed must be an integer from -2**63 to 2**64-1, got {args.seed}")
 
@@ -171,7 +176,8 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--dump-attn: {e}") from None
         internals = model.attention_internals(idx, layers=sorted(heads))  # weights, q, k, v, W_O
         scores, scores_note = prompt_head_scores(model, idx, tokenizer)  # every layer's roles and ablation
-        circuit = prompt_circuit_scores(model, idx, tokenizer)  # composition, path ablation, direct logits
+        # composition, path ablation, direct logits: the dump's slowest part on a large model
+        circuit = None if args.no_circuit else prompt_circuit_scores(model, idx, tokenizer)
         try:
             written = dump_internals(internals, heads, tokenizer.token_strings(ids), dump_dir, token_ids=ids,
                                      options=ExplorerOptions(title=f"attention of {source.label}", n_layer=cfg.n_layer),
@@ -181,7 +187,8 @@ def run(args: argparse.Namespace) -> int:
                             f"pass a writable folder with --dump-dir") from None
         print(f"attention maps of layers {', '.join(map(str, sorted(heads)))} over {len(ids)} prompt tokens: "
               f"{', '.join(str(p) for p in written)}", file=sys.stderr)
-        for part in f"{scores_note}; {circuit.note}".split("; "):  # a 1-token prompt, a block too short for the probe
+        notes = scores_note if circuit is None else f"{scores_note}; {circuit.note}"
+        for part in notes.split("; "):  # a 1-token prompt, a block too short for the probe
             if "NaN" in part:
                 print(f"note: {part}", file=sys.stderr)
 

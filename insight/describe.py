@@ -8,7 +8,8 @@ The rules, in the order the clauses appear (joined by "; "):
   role     insight.roles.role_label of its scores (thresholds ROLE_THRESHOLDS): "induction head (0.93)".
   feeds    among the edges out of the head with a path ablation (circuit_path_*: each target's top sources by
            z) whose z >= EDGE_Z_MIN and that path ablation confirms, |Δloss| >= PATH_DLOSS_MIN nats or a role
-           score of the target changed by >= PATH_ROLE_MIN, the one of largest z:
+           score of the target changed by >= PATH_ROLE_MIN, the one that matters most
+           (largest |Δloss|, then largest role change, then z: a high z that costs nothing to cut says less):
            "feeds L1.H1's keys (K, z 35.2; path ablation +1.23 nats, induction -0.75)" (the target's role change
            of largest size, when it passes PATH_ROLE_MIN).
   direct   |head_direct_logit| >= DIRECT_LOGIT_MIN: "writes the next token directly: +0.42 logit" (or "pushes
@@ -61,11 +62,13 @@ def _feeds_clause(circuit: Mapping[str, np.ndarray], layer: int, head: int) -> s
         role, change = max(((n, c) for n, c in changes.items() if not np.isnan(c)), key=lambda nc: abs(nc[1]),
                            default=("", np.nan))
         confirmed = abs(dloss) >= PATH_DLOSS_MIN or abs(change) >= PATH_ROLE_MIN
-        if edge_z >= EDGE_Z_MIN and confirmed and (best is None or edge_z > best[0]):
-            best = (edge_z, int(kind_index), int(lb), int(b), dloss, role, change)
+        # the edge that matters most: the largest loss change, then role change, then z
+        rank = (abs(dloss) if not np.isnan(dloss) else 0.0, abs(change) if not np.isnan(change) else 0.0, edge_z)
+        if edge_z >= EDGE_Z_MIN and confirmed and (best is None or rank > best[0]):
+            best = (rank, edge_z, int(kind_index), int(lb), int(b), dloss, role, change)
     if best is None:
         return ""
-    edge_z, kind_index, lb, b, dloss, role, change = best
+    _, edge_z, kind_index, lb, b, dloss, role, change = best
     kind = COMPOSITION_KINDS[kind_index]
     role_part = f", {ROLE_LABELS[role]} {change:+.2f}" if abs(change) >= PATH_ROLE_MIN else ""
     return (f"feeds {_head(lb, b)}'s {KIND_READS[kind]} ({kind.upper()}, z {edge_z:.1f}; path ablation "

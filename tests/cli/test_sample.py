@@ -252,6 +252,21 @@ def test_dump_holds_every_layers_head_scores_even_for_one_layer(ckpts):
     assert f"over the prompt's {len(ids)} tokens" in html
 
 
+def test_no_circuit_leaves_the_circuit_out_of_the_dump_and_needs_a_dump(ckpts):
+    out = ckpts["tmp"] / "dump_no_circuit"
+    args = ["--ckpt", str(ckpts["run"]), "--prompt", "ROMEO: what", "--max-new-tokens", "0"]
+    result = sample(*args, "--dump-attn", "all", "--dump-dir", str(out), "--no-circuit")
+    assert result.returncode == 0, result.stderr
+    with np.load(out / "attn.npz") as npz:
+        assert "head_induction" in npz.files
+        assert not [name for name in npz.files if name.startswith("circuit_") or name == "head_description"]
+    assert '"circuit": null' in (out / "attention.html").read_text(encoding="utf-8")
+    result = sample(*args, "--no-circuit")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().endswith("--no-circuit changes what --dump-attn writes: add --dump-attn SPEC, or "
+                                          "drop --no-circuit")
+
+
 def test_a_one_token_prompt_dumps_nan_prev_token_ablation_and_circuit_paths_and_says_why(ckpts):
     out = ckpts["tmp"] / "dump_one"
     result = sample("--ckpt", str(ckpts["good"]), "--prompt", "R", "--max-new-tokens", "0", "--dump-attn", "all",
