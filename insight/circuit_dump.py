@@ -77,6 +77,7 @@ class _IntactRun:
         return out.view(n, B, T, d), weights.view(n, B, *weights.shape[1:])
 
 
+@torch.no_grad()
 def _path_arrays(model, idx: torch.Tensor, probe: torch.Tensor | None, z: np.ndarray) -> dict[str, np.ndarray]:
     """{name: (3, L, H, L, H) float32} for PATH_NAMES: path ablation (zero) of each target's top_sources by z
     (3, L, H, L, H), what insight.circuits.path_ablation(model, idx, probe, kind, target, sources) returns for them;
@@ -114,6 +115,7 @@ def _path_arrays(model, idx: torch.Tensor, probe: torch.Tensor | None, z: np.nda
     return path
 
 
+@torch.no_grad()
 def _ov_arrays(model, idx: torch.Tensor) -> dict[str, np.ndarray]:
     """ov_promoted_tokens of every head over idx (1, T): the OV_ATTENDED tokens it attends to most and the
     OV_PROMOTED tokens each one's write promotes (module doc of insight/dump.py for the keys; -1 / NaN pad)."""
