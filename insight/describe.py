@@ -9,7 +9,7 @@ The rules, in the order the clauses appear (joined by "; "):
   feeds    among the edges out of the head with a path ablation (circuit_path_*: each target's top sources by
            z) whose z >= EDGE_Z_MIN and that path ablation confirms, |Δloss| >= PATH_DLOSS_MIN nats or a role
            score of the target changed by >= PATH_ROLE_MIN, the one that matters most
-           (largest |Δloss|, then largest role change, then z: a high z that costs nothing to cut says less):
+           (the largest of |Δloss| and |role change|, then z: a high z that costs nothing to cut says less):
            "feeds L1.H1's keys (K, z 35.2; path ablation +1.23 nats, induction -0.75)" (the target's role change
            of largest size, when it passes PATH_ROLE_MIN).
   direct   |head_direct_logit| >= DIRECT_LOGIT_MIN: "writes the next token directly: +0.42 logit" (or "pushes
@@ -62,8 +62,10 @@ def _feeds_clause(circuit: Mapping[str, np.ndarray], layer: int, head: int) -> s
         role, change = max(((n, c) for n, c in changes.items() if not np.isnan(c)), key=lambda nc: abs(nc[1]),
                            default=("", np.nan))
         confirmed = abs(dloss) >= PATH_DLOSS_MIN or abs(change) >= PATH_ROLE_MIN
-        # the edge that matters most: the largest loss change, then role change, then z
-        rank = (abs(dloss) if not np.isnan(dloss) else 0.0, abs(change) if not np.isnan(change) else 0.0, edge_z)
+        # the edge that matters most: the larger of its loss change (nats) and role change (a 0..1 score) -- a
+        # short prompt's loss moves little where the target's role falls apart -- then z
+        effect = max(abs(dloss) if not np.isnan(dloss) else 0.0, abs(change) if not np.isnan(change) else 0.0)
+        rank = (effect, edge_z)
         if edge_z >= EDGE_Z_MIN and confirmed and (best is None or rank > best[0]):
             best = (rank, edge_z, int(kind_index), int(lb), int(b), dloss, role, change)
     if best is None:
