@@ -101,9 +101,9 @@ def test_a_role_change_larger_than_any_loss_change_wins():
     scores, circuit = arrays()
     with_edge(circuit, z=50.0, dloss=0.0, induction=-0.2, kind=1, target=(1, 0))
     with_edge(circuit, z=40.0, dloss=0.5, kind=0, target=(1, 1))
-    with_edge(circuit, z=10.0, dloss=0.1, induction=-0.6, kind=1, target=(1, 2))  # 0.6 > the Q edge's 0.5 nats
+    with_edge(circuit, z=10.0, dloss=0.1, induction=-0.6, kind=1, target=(1, 1))  # 0.6 > the Q edge's 0.5 nats
     assert head_descriptions(scores, circuit)[0][0] == (
-        "feeds L1.H2's keys (K, z 10.0; path ablation +0.10 nats, induction -0.60)")
+        "feeds L1.H1's keys (K, z 10.0; path ablation +0.10 nats, induction -0.60)")
 
 
 def test_a_costly_head_nothing_explains_is_said_to_be():
