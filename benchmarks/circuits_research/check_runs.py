@@ -14,7 +14,6 @@ latest checkpoint (the final weights):
 from __future__ import annotations
 
 import csv
-import re
 import sys
 from pathlib import Path
 

@@ -84,7 +84,7 @@ def test_attn_enabled_false_records_no_attention(tmp_path):
     result = train(tiny_config(tmp_path / "on", "train.max_iters=2", "eval.interval=1"))
     assert result.attn_seconds > 0
     assert sorted(p.name for p in (tmp_path / "on" / "attn").iterdir()) == [
-        "explorer", "heads_over_training.png", "icl.csv", "layer_0", "layer_1", "stats.csv"]
+        "circuit", "explorer", "heads_over_training.png", "icl.csv", "layer_0", "layer_1", "stats.csv"]
 
 
 # --- head roles and ablation while training (attn.role_batch, attn.ablation) --------------------------------
