@@ -5,7 +5,8 @@ layer, target head) arrays with the kind axis in COMPOSITION_KINDS order (q, k, 
 
 Path ablation of every edge is 3 n_head² n_layer (n_layer - 1) / 2 runs of the later layers (28,512 at GPT-2
 small's shape), so it is run by a rule: for each target head of layer >= 1 and each kind, its TOP_SOURCES sources
-of largest composition z (NaN everywhere else; 1,188 runs at GPT-2 small's shape). Those are the edges the z names; path ablation says whether each matters.
+of largest composition z (NaN everywhere else; 1,188 runs at GPT-2 small's shape). Those are the edges the z
+names; path ablation says whether each matters.
 The values are insight.circuits.path_ablation's (the tests hold them equal); computed here with the intact runs of
 the prompt and the probe shared by every target, and on the probe only the target's layer (its role scores need
 no later one), which at GPT-2 small's shape is what makes the rule affordable on a CPU.
@@ -17,7 +18,7 @@ import torch
 
 from insight.ablation import _stream_and_head_outputs, _summed_loss, _targets, eval_mode
 from insight.circuits import (COMPOSITION_KINDS, _composition_terms, _final_hidden, _layer_with_one_input_replaced,
-                              direct_logit_attribution, ov_promoted_tokens)
+                              direct_logit_attribution, ov_promoted_tokens, ranked_sources)
 from insight.roles import ROLE_NAMES, duplicate_token_score, induction_score, prev_token_score
 
 TOP_SOURCES = 3  # sources path-ablated per target head and kind: the largest z's (module doc)
@@ -37,14 +38,8 @@ def _per_query_head(scores: dict[str, np.ndarray], n_head: int) -> np.ndarray:
 
 
 def top_sources(z: np.ndarray, target: tuple[int, int], k: int = TOP_SOURCES) -> list[tuple[int, int]]:
-    """The k (source layer, source head) of largest z into `target` (lb, b), largest first, from z (L, H, L, H) of
-    one kind; NaN never chosen (+inf first); ties in (layer, head) order. Fewer when fewer earlier heads exist."""
-    lb, b = target
-    column = z[:lb, :, lb, b].reshape(-1)  # (lb * H,): sources in (layer, head) order
-    finite = np.flatnonzero(~np.isnan(column))
-    order = finite[np.argsort(-column[finite], kind="stable")][:k]
-    n_head = z.shape[1]
-    return [(int(i) // n_head, int(i) % n_head) for i in order]
+    """The sources a dump path-ablates into `target`: insight.circuits.ranked_sources, TOP_SOURCES by default."""
+    return ranked_sources(z, target, k)
 
 
 class _IntactRun:

@@ -245,11 +245,23 @@ def head_name(layer: int, head: int) -> str:
     return f"L{layer}.H{head}"
 
 
+def ranked_sources(z: np.ndarray, target: tuple[int, int], k: int) -> list[tuple[int, int]]:
+    """The k (source layer, source head) of largest z into `target` (lb, b), largest first, from z (L, H, L, W) of
+    one kind (W = n_head, or n_kv_head for K and V per kv head, b then a kv head); NaN never chosen (+inf first);
+    ties in (layer, head) order. Fewer when fewer earlier heads have a z."""
+    lb, b = target
+    column = z[:lb, :, lb, b].reshape(-1)  # (lb * H,): sources in (layer, head) order
+    finite = np.flatnonzero(~np.isnan(column))
+    order = finite[np.argsort(-column[finite], kind="stable")][:k]
+    n_head = z.shape[1]
+    return [(int(i) // n_head, int(i) % n_head) for i in order]
+
+
 def strongest_edges(zscores: dict[str, np.ndarray], n_head: int) -> list[Edge]:
     """For every query head B of layer 1 and above and every kind of `zscores` (composition_zscores' layout): the
-    edge from the head A of an earlier layer with the largest z, as (kind, A (layer, head), B (layer, head), z).
-    K and V arrays per kv head give a query head its kv head's edge. A NaN z never wins; a kind whose sources are
-    all NaN gives no edge. Ordered by target, then kind."""
+    edge from the head A of an earlier layer with the largest z (ranked_sources), as (kind, A (layer, head),
+    B (layer, head), z). K and V arrays per kv head give a query head its kv head's edge. A kind whose sources
+    are all NaN gives no edge. Ordered by target, then kind."""
     edges = []
     n_layer = next(iter(zscores.values())).shape[0] if zscores else 0
     for layer in range(1, n_layer):
@@ -257,11 +269,8 @@ def strongest_edges(zscores: dict[str, np.ndarray], n_head: int) -> list[Edge]:
             for kind in (k for k in COMPOSITION_KINDS if k in zscores):
                 z = zscores[kind]
                 column = head if z.shape[3] == n_head else head // (n_head // z.shape[3])
-                values = z[:layer, :, layer, column]  # (layer, n_head): every earlier head into this one
-                ranked = np.where(np.isnan(values), -np.inf, values)
-                la, a = np.unravel_index(int(np.argmax(ranked)), ranked.shape)
-                if not np.isnan(values[la, a]):
-                    edges.append((kind, (int(la), int(a)), (layer, head), float(values[la, a])))
+                for la, a in ranked_sources(z, (layer, column), 1):
+                    edges.append((kind, (la, a), (layer, head), float(z[la, a, layer, column])))
     return edges
 
 

@@ -28,7 +28,7 @@ from typing import Mapping
 import numpy as np
 
 from insight.circuit_dump import PATH_NAMES
-from insight.circuits import COMPOSITION_KINDS
+from insight.circuits import COMPOSITION_KINDS, head_name
 from insight.roles import ROLE_LABELS, ROLE_NAMES, role_label
 
 EDGE_Z_MIN = 3.0  # an edge this far above chance (composition z) may be named...
@@ -38,10 +38,6 @@ DIRECT_LOGIT_MIN = 0.1  # mean direct contribution to the correct token's logit 
 ABLATION_DLOSS_MIN = 0.05  # nats: a head this costly to remove that nothing else explains is said to be
 KIND_READS = {"q": "queries", "k": "keys", "v": "values"}
 _LABEL_SCORE = {ROLE_LABELS[name]: name for name in ROLE_NAMES}  # "previous-token" -> "prev_token"
-
-
-def _head(layer: int, head: int) -> str:
-    return f"L{layer}.H{head}"
 
 
 def _role_clause(scores: Mapping[str, np.ndarray], layer: int, head: int) -> str:
@@ -73,7 +69,7 @@ def _feeds_clause(circuit: Mapping[str, np.ndarray], layer: int, head: int) -> s
     _, edge_z, kind_index, lb, b, dloss, role, change = best
     kind = COMPOSITION_KINDS[kind_index]
     role_part = f", {ROLE_LABELS[role]} {change:+.2f}" if abs(change) >= PATH_ROLE_MIN else ""
-    return (f"feeds {_head(lb, b)}'s {KIND_READS[kind]} ({kind.upper()}, z {edge_z:.1f}; path ablation "
+    return (f"feeds {head_name(lb, b)}'s {KIND_READS[kind]} ({kind.upper()}, z {edge_z:.1f}; path ablation "
             f"{dloss:+.2f} nats{role_part})")
 
 
