@@ -1,0 +1,139 @@
+"""Linear layers whose weights are prepacked for oneDNN: faster CPU inference, the same numbers.
+
+Decoding one token at a time is a chain of matrix-vector products: every weight matrix is read once per token
+and each element is used once. torch's F.linear reads the (out, in) row-major weight as it is stored; oneDNN
+can first reorder a weight into its own blocked layout, made for the vector units it runs on, once, and then
+multiply by it for every token. For GPT-2 small's 48 block matmuls and its LM head in bfloat16 at batch 1
+on a 2-core AMD EPYC with AVX512-BF16, the prepacked chain took about half the time of F.linear's
+(benchmarks/RESULTS.md). Whether it is faster depends on the CPU and the dtype, so `pack_linears` decides by
+timing one layer both ways on this machine, never by a rule of thumb.
+
+A PackedLinear keeps the nn.Linear's own weight and bias Parameters, under the same names, so the state dict,
+the insight code that reads `.weight` and anything that trains the model see what they saw before; the packed
+copy lives beside them (not in the state dict) and is rebuilt whenever the weight changes (its version counter
+moves on any in-place update). It is used only where it applies, a CPU tensor of the packed dtype with no
+gradient wanted, outside torch.compile (the compiler cannot trace oneDNN's opaque tensors); everywhere else
+the layer is plain F.linear on the same weight.
+
+The cost: a second copy of every packed weight in memory (GPT-2 small in bfloat16: 250 MB more).
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+PACKABLE = ("qkv_proj", "out_proj", "fc_in", "fc_out")  # each block's matmuls, by module name; and the LM head
+TIMING_CALLS = 5  # calls per kernel per round when pack_linears times a layer; rounds interleave the two kernels
+TIMING_ROUNDS = 5  # the best round of each counts: a timing must survive other processes sharing the cores
+
+
+def onednn_available() -> bool:
+    """Whether this torch has the oneDNN linear kernels (a CPU build with mkldnn)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+class PackedLinear(nn.Module):
+    """An nn.Linear's weight and bias (the same Parameters) with a oneDNN-packed copy of the weight for
+    no-grad CPU calls. in: (..., in_features) -> out: (..., out_features)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight  # the same Parameter: a tied LM head stays tied to the embedding
+        self.bias = linear.bias
+        self._packed: tuple[tuple, torch.Tensor] | None = None  # (the weight's identity and version, packed copy)
+
+    def packed_weight(self) -> torch.Tensor:
+        """The weight in oneDNN's layout for a 1-row input (an opaque tensor: only oneDNN's kernels read it),
+        packed again after any change to the weight."""
+        weight = self.weight
+        key = (weight.data_ptr(), weight._version, weight.dtype)
+        if self._packed is None or self._packed[0] != key:
+            with torch.no_grad():
+                self._packed = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1))
+        return self._packed[1]
+
+    def uses_packed(self, x: torch.Tensor) -> bool:
+        """The packed kernel applies: a CPU input of the weight's dtype, no gradient wanted, not being compiled."""
+        return (x.device.type == "cpu" and x.dtype == self.weight.dtype and self.weight.device.type == "cpu"
+                and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
+                and not torch.compiler.is_compiling())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.uses_packed(x):
+            return F.linear(x, self.weight, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(), self.bias, "none", [], "")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def packable_linears(model: nn.Module) -> list[tuple[nn.Module, str]]:
+    """(parent module, attribute name) of every nn.Linear pack_linears may replace: each block's q|k|v, out, MLP
+    in and out projections, and the LM head."""
+    found = [(module, name) for module in model.modules() for name in PACKABLE
+             if isinstance(getattr(module, name, None), nn.Linear)]
+    if isinstance(getattr(model, "lm_head", None), nn.Linear):
+        found.append((model, "lm_head"))
+    return found
+
+
+def seconds_per_call(fn: Callable[[], object], clock: Callable[[], float] = time.perf_counter) -> float:
+    """The best of TIMING_ROUNDS rounds of TIMING_CALLS calls of fn, per call, after one warm-up call."""
+    fn()
+    best = float("inf")
+    for _ in range(TIMING_ROUNDS):
+        t0 = clock()
+        for _ in range(TIMING_CALLS):
+            fn()
+        best = min(best, (clock() - t0) / TIMING_CALLS)
+    return best
+
+
+def time_both_ways(linear: nn.Linear, clock: Callable[[], float] = time.perf_counter) -> tuple[float, float]:
+    """Seconds per call of `linear` on one row, (F.linear, the packed kernel): one layer stands for all, each
+    block's matmuls being of the same few shapes."""
+    x = torch.randn(1, 1, linear.in_features, dtype=linear.weight.dtype)
+    packed = PackedLinear(linear)
+    with torch.no_grad():
+        plain_s = seconds_per_call(lambda: F.linear(x, linear.weight, linear.bias), clock)
+        packed_s = seconds_per_call(lambda: packed(x), clock)
+    return plain_s, packed_s
+
+
+def pack_linears(model: nn.Module, force: bool | None = None,
+                 measure: Callable[[nn.Linear], tuple[float, float]] = time_both_ways) -> str | None:
+    """Replace the model's matmul layers (packable_linears) by PackedLinear where that measures faster on this
+    machine; returns a line saying what was timed and chosen, or None when nothing applies (not a CPU model,
+    no oneDNN, nothing left to pack).
+    force: True packs and False leaves the layers as they are, without timing (tests, benchmarks).
+    measure: (an nn.Linear) -> its seconds per call with F.linear and packed (time_both_ways)."""
+    targets = packable_linears(model)
+    if not targets or not onednn_available():
+        return None
+    first = getattr(*targets[0])
+    if first.weight.device.type != "cpu":
+        return None
+    if force is None:
+        plain_s, packed_s = measure(first)
+        force = packed_s < plain_s
+        note = (f"matmul weights {'prepacked for oneDNN' if force else 'left to F.linear'}: one "
+                f"{first.out_features}x{first.in_features} layer {plain_s * 1e6:.0f} us with F.linear, "
+                f"{packed_s * 1e6:.0f} us packed")
+    else:
+        note = f"matmul weights {'prepacked for oneDNN' if force else 'left to F.linear'} (not timed)"
+    if force:
+        for parent, name in targets:
+            packed = PackedLinear(getattr(parent, name))
+            packed.packed_weight()  # now, not in the first token's time
+            setattr(parent, name, packed)
+    return note
+
+
+def is_packed(model: nn.Module) -> bool:
+    """Whether pack_linears replaced the model's matmul layers."""
+    return any(isinstance(module, PackedLinear) for module in model.modules())

@@ -1,0 +1,99 @@
+"""model/packed.py: the oneDNN-packed matmul layers compute F.linear's numbers on the same Parameters, follow
+every change to the weight, leave training and the state dict as they were, and are chosen by measurement."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from model import GPT, ModelConfig
+from model.generate import generate
+from model.packed import PackedLinear, is_packed, pack_linears, packable_linears, onednn_available
+
+pytestmark = pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN (mkldnn) kernels")
+
+
+def tiny(tie: bool = True, bias: bool = True, dtype: torch.dtype = torch.float32) -> GPT:
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=97, block_size=32, n_layer=2, n_head=4, n_kv_head=2, d_model=32, bias=bias,
+                         tie_embeddings=tie)
+    return GPT(config).eval().to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(5, 24), (1, 1, 24), (2, 7, 24)])
+def test_packed_layer_equals_f_linear(dtype, bias, shape):
+    torch.manual_seed(1)
+    linear = nn.Linear(24, 40, bias=bias).to(dtype)
+    packed = PackedLinear(linear)
+    x = torch.randn(*shape, dtype=dtype)
+    with torch.no_grad():
+        got = packed(x)
+        assert packed._packed is not None  # the packed kernel ran, not the fallback
+        expected = F.linear(x.double(), linear.weight.double(), None if linear.bias is None else linear.bias.double())
+    assert got.shape == (*shape[:-1], 40) and got.dtype == dtype
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(got.double(), expected, **tol)
+
+
+def test_packed_copy_follows_in_place_updates_and_training_takes_f_linear():
+    linear = nn.Linear(16, 8)
+    packed = PackedLinear(linear)
+    x = torch.randn(1, 1, 16)
+    with torch.no_grad():
+        before = packed(x)
+        linear.weight.mul_(2.0)
+        linear.bias.mul_(2.0)
+        after = packed(x)
+    torch.testing.assert_close(after, 2 * before, rtol=1e-5, atol=1e-6)
+    # with grad, F.linear runs on the same Parameter: the gradient reaches the nn.Linear's weight
+    packed(x).sum().backward()
+    assert linear.weight.grad is not None and torch.count_nonzero(linear.weight.grad) > 0
+
+
+def test_pack_linears_replaces_every_matmul_and_keeps_the_state_dict():
+    for tie in (True, False):
+        model = tiny(tie=tie)
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        names = sorted(f"{id(parent)}.{name}" for parent, name in packable_linears(model))
+        assert len(names) == 2 * 4 + 1  # qkv, out, fc_in, fc_out per block, and the head
+        assert pack_linears(model, force=True) is not None and is_packed(model)
+        assert not any(isinstance(m, nn.Linear) for m in model.modules())
+        after = model.state_dict()
+        assert list(after) == list(state)
+        assert all(torch.equal(after[k], state[k]) for k in state)
+        assert (model.lm_head.weight is model.tok_emb.weight) == tie  # a tied head stays tied
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_model_generates_the_same_tokens(dtype):
+    plain, packed = tiny(dtype=dtype), tiny(dtype=dtype)
+    pack_linears(packed, force=True)
+    prompt = torch.randint(0, 97, (2, 5), generator=torch.Generator().manual_seed(3))
+    for kv in (True, False):
+        a = generate(plain, prompt, 20, temperature=0, use_kv_cache=kv)
+        b = generate(packed, prompt, 20, temperature=0, use_kv_cache=kv)
+        assert torch.equal(a, b)
+    with torch.no_grad():
+        idx = torch.randint(0, 97, (1, 12))
+        tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=3e-2, atol=3e-2)
+        torch.testing.assert_close(packed(idx)[0].float(), plain(idx)[0].float(), **tol)
+
+
+def test_the_measured_faster_kernel_is_chosen():
+    slower_packed, faster_packed = (lambda linear: (1e-4, 2e-4)), (lambda linear: (2e-4, 1e-4))
+    model = tiny()
+    note = pack_linears(model, measure=slower_packed)
+    assert not is_packed(model) and "left to F.linear" in note and "100 us with F.linear, 200 us packed" in note
+    note = pack_linears(model, measure=faster_packed)
+    assert is_packed(model) and "prepacked" in note
+    untouched = tiny()
+    assert "not timed" in pack_linears(untouched, force=False) and not is_packed(untouched)
+
+
+def test_nothing_left_to_pack_returns_none():
+    model = tiny()
+    pack_linears(model, force=True)
+    assert pack_linears(model, force=True) is None  # every matmul is already a PackedLinear
