@@ -136,16 +136,43 @@ def test_agreeing_prefix_counts_new_tokens_up_to_the_first_difference():
     assert sample_vs_hf.agreeing_prefix(a, torch.tensor([[7, 7, 1, 2, 9, 4]]), 2) == 2
 
 
+def run_script(*args: str, results=None) -> subprocess.CompletedProcess:
+    """The script on the small shape, 4 new tokens, 1 round, with `args`; `results`: where --save appends (a
+    temporary RESULTS.md; without it, --no-save)."""
+    argv = [str(SCRIPT), "--shapes", "small", "--new-tokens", "4", "--rounds", "1", *args]
+    if results is None:
+        argv.append("--no-save")
+    code = (f"import runpy, sys; sys.path.insert(0, {str(SCRIPT.parent)!r}); import _report; "
+            f"_report.RESULTS = __import__('pathlib').Path({str(results)!r}); sys.argv = {argv!r}; "
+            f"runpy.run_path({str(SCRIPT)!r}, run_name='__main__')")
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def limits_rows(text: str) -> tuple[str, str]:
+    """(the speed row, the limits row) of the small shape's 4 new tokens in printed or saved text."""
+    rows = [line for line in text.splitlines() if line.startswith("| small | 4 |")]
+    assert len(rows) == 2, text
+    assert sample_vs_hf.LIMITS_HEADER[0] in text
+    assert rows[1].count("%") == 6  # each variant's percent of the bandwidth bound and of the matmul floor
+    return rows[0], rows[1]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_the_script_reports_the_limits_beside_the_speeds(dtype):
-    done = subprocess.run([sys.executable, str(SCRIPT), "--shapes", "small", "--new-tokens", "4", "--rounds", "1",
-                           "--no-save", "--dtype", dtype], cwd=REPO, capture_output=True, text=True, timeout=600)
+def test_the_script_prints_the_limits_beside_the_speeds():
+    done = run_script()
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "Memory bandwidth" in done.stdout and "CPU flags: " in done.stdout and "avx512_bf16" in done.stdout
-    assert sample_vs_hf.LIMITS_HEADER[0] in done.stdout
-    rows = [line for line in done.stdout.splitlines() if line.startswith("| small | 4 |")]
-    assert len(rows) == 2  # the speed row and the limits row
-    assert rows[1].count("%") == 6
-    if dtype == "float32":
-        assert rows[0].endswith("| yes |")
+    assert "Memory bandwidth" in done.stdout and "avx512_bf16" in done.stdout
+    speed, _ = limits_rows(done.stdout)
+    assert speed.endswith("| yes |")  # float32: the same greedy tokens
+
+
+@pytest.mark.slow
+def test_a_bfloat16_run_saves_the_limits_with_the_cpu_flags(tmp_path):
+    results = tmp_path / "RESULTS.md"
+    done = run_script("--dtype", "bfloat16", results=results)
+    assert done.returncode == 0, done.stdout + done.stderr
+    saved = results.read_text()
+    assert "bfloat16 on cpu" in saved and "Memory bandwidth" in saved
+    machine = next(line for line in saved.splitlines() if line.startswith("- Machine: "))
+    assert all(flag in machine for flag in ("avx512_bf16", "amx_bf16", "amx_tile"))
+    limits_rows(saved)
