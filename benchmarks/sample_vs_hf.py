@@ -22,11 +22,12 @@ _limits.py), for the shape, dtype and device of the run:
                    the generation's mean context (2 x n_layer x n_kv_head x head_dim x context x cache element
                    size; context = prompt + (new tokens + 1) / 2 slots). HF reads the same weights and cache.
   bandwidth bound  memory bandwidth / bytes per token. Bandwidth: the best of 10 timed streaming reads (a sum)
-                   of a buffer of 4x the last-level cache (at least 256 MiB), on the run's threads; measured
-                   once, before the first shape. At batch 1 each weight is used once per token, so a decode step
-                   cannot beat this while its weights come from memory. It can exceed it when they do not: the
-                   small shape's 2.3 MB of float32 weights stay in the last-level cache and are read from there
-                   at several times DRAM's rate (gpt2 6 x 384 in bfloat16, 60 MB, is twice a 32 MiB L3).
+                   of a buffer of 4x the last-level cache (at least 256 MiB; 2 GiB on CUDA), on the run's
+                   threads; measured once, before the first shape. At batch 1 each weight is used once per
+                   token, so a decode step cannot beat this while its weights come from memory. It can exceed it
+                   when they do not: the small shape's 2.3 MB of float32 weights stay in the last-level cache and
+                   are read from there at several times DRAM's rate (gpt2 6 x 384 in bfloat16, 60 MB, is twice a
+                   32 MiB L3). One thread draws less than the machine's all-core bandwidth: --threads matters.
   matmul floor     1 / the time of the model's own matmul modules alone at batch 1 (the same module objects,
                    so the same kernels, called back to back on a (1, 1, in_features) input of the model's dtype,
                    the LM head through GPT.logits as decode runs it; best of 5). What a decode step would take
@@ -206,8 +207,7 @@ def main() -> None:
         threads = torch.get_num_threads()  # the bandwidth the run's threads can draw, not the machine's all-core one
         bandwidth = _limits.memory_bandwidth(device, buffer_bytes)
         bandwidth_note = (f"Memory bandwidth {bandwidth / 1e9:.1f} GB/s: a streaming read (sum) of "
-                          f"{buffer_bytes / 2**20:g} MiB ({buffer_why}; at least "
-                          f"{_limits.MIN_BANDWIDTH_BUFFER / 2**20:g} MiB) on {device.type}"
+                          f"{buffer_bytes / 2**20:g} MiB ({buffer_why}) on {device.type}"
                           + (f" with {threads} thread{'s' if threads > 1 else ''}" if device.type == "cpu" else "")
                           + ", best of 10, measured once at the start.")
         print(bandwidth_note, flush=True)
