@@ -10,6 +10,34 @@ variant later each round), median over rounds:
                    compile happens in the warm-up and is reported apart
   hf               transformers' generate(do_sample=False, use_cache=True) with its default dynamic cache
 tok/s = new tokens / wall time of the whole call (prefill included), as a user waits for it.
+Same greedy tokens: "yes", or how many new tokens agree before the first that differs. In bfloat16 the two
+implementations round differently (other summation orders, other fusions), and random weights give near-tied
+logits, so greedy tokens may part after a few steps there; float32 runs must agree.
+
+The second table sets the speeds against the limits of one decode step, measured in the same run (benchmarks/
+_limits.py), for the shape, dtype and device of the run:
+  bytes/token      what one decode step reads: every matmul module's parameters and buffers as they are stored
+                   (each block's qkv, out, MLP in and out, the LM head; at the run's dtype, or whatever a quantized
+                   or prepacked replacement module holds), the norms and one embedding row, plus the KV cache at
+                   the generation's mean context (2 x n_layer x n_kv_head x head_dim x context x cache element
+                   size; context = prompt + (new tokens + 1) / 2 slots). HF reads the same weights and cache.
+  bandwidth bound  memory bandwidth / bytes per token. Bandwidth: the best of 10 timed streaming reads (a sum)
+                   of a buffer of 4x the last-level cache (at least 256 MiB; 2 GiB on CUDA), on the run's
+                   threads; measured once, before the first shape. At batch 1 each weight is used once per
+                   token, so a decode step cannot beat this while its weights come from memory. It can exceed it
+                   when they do not: the small shape's 2.3 MB of float32 weights stay in the last-level cache and
+                   are read from there at several times DRAM's rate (gpt2 6 x 384 in bfloat16, 60 MB, is twice a
+                   32 MiB L3). One thread draws less than the machine's all-core bandwidth: --threads matters.
+  matmul floor     1 / the time of the model's own matmul modules alone at batch 1 (the same module objects,
+                   so the same kernels, called back to back on a (1, 1, in_features) input of the model's dtype,
+                   the LM head through GPT.logits as decode runs it; best of 5). What a decode step would take
+                   with no attention, norms, activations, sampling or per-op overhead. A variant falls short of
+                   it by all of those and by the prefill, which tok/s includes (short generations most); it can
+                   exceed it only where its matmuls are not these modules' kernels: HF's GPT-2 multiplies by
+                   Conv1D (x @ W, the weight stored in by out), compiled code may fuse or choose other kernels.
+  % of bound / floor  a variant's tok/s over that limit, in percent.
+On a CPU the machine line's CPU flags (avx512_bf16, amx_bf16, amx_tile) say whether bfloat16 matmuls have
+native instructions: without them a bfloat16 step may be compute-bound, far below its bandwidth bound.
 
 Shapes (--shapes): gpt2 = GPT-2 architecture (learned positions, LayerNorm, GELU, biases, tied) and llama =
 Llama architecture (RoPE, RMSNorm, SwiGLU, GQA 6/2, untied), both 6 layers x 384 wide, vocabulary 50304,
@@ -18,6 +46,7 @@ block 1024; gpt2-124m = GPT-2 small itself; small = the default run's model (con
 
     python benchmarks/sample_vs_hf.py [--shapes gpt2,llama] [--new-tokens 128,992] [--prompt 32] [--rounds 3]
         [--threads 1] [--device cpu|cuda] [--dtype float32|bfloat16] [--no-save]
+    python benchmarks/sample_vs_hf.py --shapes gpt2-124m --new-tokens 128 --threads 2 --rounds 3 --dtype bfloat16
 """
 from __future__ import annotations
 
@@ -27,6 +56,7 @@ import statistics
 
 import torch
 
+import _limits
 import _report
 from common.device import resolve_device
 from common.errors import ArgumentParser, UserError, user_errors_exit
@@ -70,16 +100,40 @@ def runner(name: str, ours: GPT, theirs: torch.nn.Module, prompt: torch.Tensor, 
     return lambda: generate(ours, prompt, n_new, temperature=0.0, compile=compiled)
 
 
-def measure(shape: str, n_new: int, args: argparse.Namespace, device: torch.device,
-            dtype: torch.dtype) -> tuple[str, float]:
-    """(the table row, compile seconds) of one shape and length."""
+@dataclasses.dataclass
+class Measured:
+    """One shape and length of a run: its speeds and the limits they are set against."""
+    shape: str
+    n_new: int
+    rate: dict[str, float]  # variant -> tokens/s, median over the rounds
+    agreement: str  # "yes", or how many new greedy tokens agree with HF's before the first that differs
+    compile_s: float  # the first compiled call (compile + generation)
+    mean_context: float  # cache slots a decode step attends over, on average
+    bytes_per_token: _limits.DecodeBytes  # what one decode step reads
+    floor_s: float  # seconds of one pass of the model's matmuls alone (_limits.matmul_floor_seconds)
+
+
+def agreeing_prefix(a: torch.Tensor, b: torch.Tensor, prompt_tokens: int) -> int:
+    """How many new tokens two generations (1, T0 + n) share before the first that differs."""
+    differs = (a[0, prompt_tokens:] != b[0, prompt_tokens:]).nonzero()
+    return int(differs[0]) if len(differs) else a.shape[1] - prompt_tokens
+
+
+def measure(shape: str, n_new: int, args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> Measured:
+    """Time the variants of one shape and length (interleaved rounds), and the limits of its decode step."""
     ours, theirs = build(SHAPES[shape], device, dtype)
     prompt = torch.randint(0, SHAPES[shape].vocab_size, (1, args.prompt),
                            generator=torch.Generator().manual_seed(1)).to(device)
     runs = {name: runner(name, ours, theirs, prompt, n_new) for name in VARIANTS}
     compile_s, _ = _report.timed(runs["attngpt-compiled"], device)  # warm-up: compiles the decode step
     outputs = {name: run() for name, run in runs.items()}  # warm-up of every variant
-    same = all(torch.equal(outputs["hf"], out) for out in outputs.values())
+    agree = min(agreeing_prefix(out, outputs["hf"], args.prompt) for out in outputs.values())
+    agreement = "yes" if agree == n_new else f"NO: first {agree} of {n_new} agree"
+    # the step's limits, measured here between the warm-ups and the rounds, on the same machine state
+    mean_context = _limits.mean_decode_context(args.prompt, n_new)
+    cache_element_size = ours.tok_emb.weight.element_size()  # generate() keeps the cache in the model's dtype
+    bytes_per_token = _limits.decode_bytes_per_token(ours, mean_context, cache_element_size)
+    floor_s = _limits.matmul_floor_seconds(ours)
     seconds: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for r in range(args.rounds):
         order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
@@ -88,10 +142,32 @@ def measure(shape: str, n_new: int, args: argparse.Namespace, device: torch.devi
         print(f"  {shape} {n_new} new tokens, round {r + 1}: "
               + ", ".join(f"{n} {n_new / seconds[n][-1]:.1f} tok/s" for n in VARIANTS), flush=True)
     rate = {name: n_new / statistics.median(s) for name, s in seconds.items()}
-    row = (f"| {shape} | {n_new} | {rate['attngpt']:.1f} | {rate['attngpt-compiled']:.1f} | {rate['hf']:.1f} | "
-           f"{rate['attngpt'] / rate['hf']:.2f}x | {rate['attngpt-compiled'] / rate['hf']:.2f}x | "
-           f"{'yes' if same else 'NO'} |")
-    return row, compile_s
+    return Measured(shape, n_new, rate, agreement, compile_s, mean_context, bytes_per_token, floor_s)
+
+
+SPEED_HEADER = ["| shape | new tokens | attngpt tok/s | attngpt compiled tok/s | HF generate tok/s | attngpt / HF "
+                "| compiled / HF | same greedy tokens |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+LIMITS_HEADER = ["| shape | new tokens | mean context | bytes/token: weights + KV cache | bandwidth bound tok/s "
+                 "| matmul floor tok/s | attngpt % of bound | compiled % of bound | HF % of bound "
+                 "| attngpt % of floor | compiled % of floor | HF % of floor |",
+                 "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+
+def speed_row(m: Measured) -> str:
+    rate = m.rate
+    return (f"| {m.shape} | {m.n_new} | {rate['attngpt']:.1f} | {rate['attngpt-compiled']:.1f} | {rate['hf']:.1f} | "
+            f"{rate['attngpt'] / rate['hf']:.2f}x | {rate['attngpt-compiled'] / rate['hf']:.2f}x | {m.agreement} |")
+
+
+def limits_row(m: Measured, bandwidth: float) -> str:
+    """The limits of one shape and length, and the percent of each that every variant reached."""
+    b = m.bytes_per_token
+    reached = {name: _limits.fractions_reached(m.rate[name], bandwidth, b.total, m.floor_s) for name in VARIANTS}
+    weights_mb = (b.matmul_weights + b.other_weights) / 1e6
+    return (f"| {m.shape} | {m.n_new} | {m.mean_context:g} | {b.total / 1e6:.3f} MB: {weights_mb:.3f} + "
+            f"{b.kv_cache / 1e6:.3f} | {bandwidth / b.total:.1f} | {1 / m.floor_s:.1f} | "
+            + " | ".join(f"{reached[name][0]:.1f}%" for name in VARIANTS) + " | "
+            + " | ".join(f"{reached[name][1]:.1f}%" for name in VARIANTS) + " |")
 
 
 def main() -> None:
@@ -127,21 +203,30 @@ def main() -> None:
 
         machine_line = _report.machine(torch_threads=True, extra=[_report.cpu_bf16_support()], gpu=device)
         print(machine_line, flush=True)
-        table = ["| shape | new tokens | attngpt tok/s | attngpt compiled tok/s | HF generate tok/s | attngpt / HF "
-                 "| compiled / HF | same greedy tokens |", "|---|---:|---:|---:|---:|---:|---:|---|"]
-        compile_notes = []
-        for shape in shapes:
-            for n_new in lengths:
-                row, compile_s = measure(shape, n_new, args, device, dtype)
-                table.append(row)
-                compile_notes.append(f"{shape}/{n_new}: {compile_s:.1f} s")
+        buffer_bytes, buffer_why = _limits.bandwidth_buffer(device)
+        threads = torch.get_num_threads()  # the bandwidth the run's threads can draw, not the machine's all-core one
+        bandwidth = _limits.memory_bandwidth(device, buffer_bytes)
+        bandwidth_note = (f"Memory bandwidth {bandwidth / 1e9:.1f} GB/s: a streaming read (sum) of "
+                          f"{buffer_bytes / 2**20:g} MiB ({buffer_why}) on {device.type}"
+                          + (f" with {threads} thread{'s' if threads > 1 else ''}" if device.type == "cpu" else "")
+                          + ", best of 10, measured once at the start.")
+        print(bandwidth_note, flush=True)
+        measured = [measure(shape, n_new, args, device, dtype) for shape in shapes for n_new in lengths]
+        speed = [*SPEED_HEADER, *(speed_row(m) for m in measured)]
+        limits = [*LIMITS_HEADER, *(limits_row(m, bandwidth) for m in measured)]
         notes = [f"transformers {transformers.__version__}, attn_implementation sdpa, default dynamic cache; "
                  f"{args.dtype} on {device.type}; prompt {args.prompt} tokens; greedy; batch 1; "
                  f"{args.rounds} interleaved rounds, median; tok/s includes the prefill.",
-                 "First compiled call (compile + generation, excluded from the timing): " + ", ".join(compile_notes)]
-        print("\n".join(["", *notes, "", *table]))
+                 "First compiled call (compile + generation, excluded from the timing): "
+                 + ", ".join(f"{m.shape}/{m.n_new}: {m.compile_s:.1f} s" for m in measured),
+                 bandwidth_note,
+                 "Limits (module docstring): bytes/token = every matmul weight, norm and embedding row as stored "
+                 f"({args.dtype}) + the KV cache at the mean context; bandwidth bound = bandwidth / bytes per "
+                 "token; matmul floor = 1 / the time of the model's own matmul modules alone at batch 1 (LM head "
+                 "as its decode runs it), best of 5; % = a variant's tok/s over the limit."]
+        print("\n".join(["", *notes, "", *speed, "", *limits]))
         _report.save(args, "Sampling vs Hugging Face generate, identical weights", machine_line, "sample_vs_hf.py",
-                     *[f"- {n}" for n in notes], "", *table, "")
+                     *[f"- {n}" for n in notes], "", *speed, "", *limits, "")
 
 
 if __name__ == "__main__":
