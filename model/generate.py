@@ -7,11 +7,19 @@ Both paths follow exactly this policy, so with the same seed they produce the sa
 """
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 from model.gpt import GPT
+
+# The least a compile of the decode step has cost on a CPU here: small.yaml's 3-layer step with a warm inductor
+# cache, 6.2 s (23 s cold; GPT-2 small's 12 layers 27 s cold: benchmarks/RESULTS.md). A lower bound on what the
+# compile costs, so a generation that cannot save this much cannot repay it.
+CPU_COMPILE_FLOOR_S = 6.0
+TIMED_STEPS = 5  # eager decode steps timed by compile_repays (the best one counts)
 
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
@@ -151,3 +159,79 @@ def compiled_decode_step(model: GPT) -> Callable[[torch.Tensor, torch.Tensor], t
                 return compiled(token, input_pos, None)
         model.__dict__["_compiled_decode"] = step
     return step
+
+
+@torch.no_grad()
+def compile_repays(model: GPT, batch_size: int, new_tokens: int,
+                   timings: Callable[[GPT, int], tuple[float, float]] | None = None) -> tuple[bool, str]:
+    """Whether compiling the decode step (generate(compile=True)) can pay for itself in a generation of
+    `new_tokens` tokens of `batch_size` rows, and a line saying why.
+
+    A compiled step runs the same matmuls as an eager one, on the kernels compiled code calls (F.linear on the
+    weights as stored, the LM head as one x @ W^T); what it can save is the rest of the eager step: the per-op
+    overhead, the norms, attention and the elementwise work. So at most new_tokens x (eager step - those matmuls
+    alone), both timed here on this machine (`timings`: model, batch -> the two, in seconds; step_timings by
+    default), and only if that exceeds what a compile costs at the least (CPU_COMPILE_FLOOR_S). An eager step on
+    prepacked weights (model/packed.py) may already be faster than the compiled code's matmuls alone: then nothing
+    can be saved. Already compiled for this model in this process: repays. On a GPU the step is a CUDA graph,
+    whose saving (a launch per kernel) this does not model: repays."""
+    if model.tok_emb.weight.device.type != "cpu":
+        return True, "a GPU step is captured as a CUDA graph"
+    if model.__dict__.get("_compiled_decode") is not None:
+        return True, "already compiled in this process"
+    eager_s, matmuls_s = (timings or step_timings)(model, batch_size)
+    saving_s = new_tokens * max(0.0, eager_s - matmuls_s)
+    why = (f"an eager step takes {eager_s * 1e3:.2f} ms and the matmuls compiled code would run {matmuls_s * 1e3:.2f} "
+           f"ms, so compiling can save at most {saving_s:.2f} s over {new_tokens} tokens, against a compile of at "
+           f"least {CPU_COMPILE_FLOOR_S:g} s on a CPU")
+    return saving_s > CPU_COMPILE_FLOOR_S, why
+
+
+def step_timings(model: GPT, batch_size: int) -> tuple[float, float]:
+    """(an eager decode step, the matmuls compiled code would run for it), seconds on this machine."""
+    return eager_step_seconds(model, batch_size), compiled_matmul_seconds(model, batch_size)
+
+
+def eager_step_seconds(model: GPT, batch_size: int, clock: Callable[[], float] = time.perf_counter) -> float:
+    """The best of TIMED_STEPS eager one-token decode steps through a KV cache, as generate runs them, after a
+    one-token prefill (a cache of TIMED_STEPS + 2 slots, then cleared)."""
+    was_training = model.training
+    model.eval()
+    device = model.tok_emb.weight.device
+    token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
+    try:
+        model.setup_kv_cache(batch_size, min(model.config.block_size, TIMED_STEPS + 2))
+        model(token, input_pos=torch.tensor([0], device=device), last_only=True)
+        best = float("inf")
+        for pos in range(1, min(model.config.block_size, TIMED_STEPS + 1)):
+            t0 = clock()
+            model(token, input_pos=torch.tensor([pos], device=device))
+            best = min(best, clock() - t0)
+    finally:
+        model.clear_kv_cache()
+        model.train(was_training)
+    return best
+
+
+def compiled_matmul_seconds(model: GPT, batch_size: int, clock: Callable[[], float] = time.perf_counter) -> float:
+    """One decode step's matmuls alone as compiled code runs them, best of TIMED_STEPS: F.linear on each
+    block's weights (whatever module holds them) and the LM head as x @ head_columns, on (batch_size, 1, in) rows."""
+    weight = model.tok_emb.weight
+    layers = [(m.weight, getattr(m, "bias", None)) for block in model.blocks
+              for m in (block.attn.qkv_proj, block.attn.out_proj, block.mlp.fc_in, block.mlp.fc_out)]
+    rows = {w.shape[1]: torch.randn(batch_size, 1, w.shape[1], dtype=weight.dtype, device=weight.device)
+            for w, _ in layers}
+    head = model.head_columns()  # (d_model, vocab_size)
+
+    def matmuls() -> None:
+        for w, b in layers:
+            F.linear(rows[w.shape[1]], w, b)
+        rows[head.shape[0]] @ head
+
+    matmuls()
+    best = float("inf")
+    for _ in range(TIMED_STEPS):
+        t0 = clock()
+        matmuls()
+        best = min(best, clock() - t0)
+    return best

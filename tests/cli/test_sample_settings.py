@@ -134,20 +134,33 @@ def test_dtype_and_device_reach_the_model(capsys, ckpt, monkeypatch):
     assert seen == [(torch.bfloat16, "cpu"), (torch.float32, "cpu")]
 
 
-def test_compile_reaches_generate_and_needs_the_kv_cache(capsys, ckpt, monkeypatch):
+def test_compile_reaches_generate_where_it_repays_and_needs_the_kv_cache(capsys, ckpt, monkeypatch):
     """--compile asks generate() for the compiled decode step (whose equality with eager decoding
-    tests/model/test_generate_compiled.py proves; here it runs eager, to stay fast), and says so."""
-    seen = []
+    tests/model/test_generate_compiled.py proves; here it runs eager, to stay fast) where compile_repays says the
+    compile can pay for itself, and says so; where it cannot, sample.py says why and decodes eagerly."""
+    seen, asked = [], []
 
     def spy(model, *args, **kwargs):
         seen.append(kwargs.get("compile"))
         return generate(model, *args, **{**kwargs, "compile": False})
 
+    def repays(answer):
+        def decide(model, batch_size, new_tokens):
+            asked.append((batch_size, new_tokens))
+            return answer, "the measured reason"
+        return decide
+
     monkeypatch.setattr("model.generate.generate", spy)
+    monkeypatch.setattr("model.generate.compile_repays", repays(True))
+    _, err = run(capsys, ckpt, "--compile", "--num-samples", "2", "--max-new-tokens", "7")
+    assert "compiled decode" in err and "not compiled" not in err
+    monkeypatch.setattr("model.generate.compile_repays", repays(False))
     _, err = run(capsys, ckpt, "--compile")
-    assert "compiled decode" in err
+    assert "note: --compile: not compiled, decoding eagerly: the measured reason" in err
+    assert "compiled decode" not in err
     _, err = run(capsys, ckpt)
-    assert "compiled decode" not in err and seen == [True, False]
+    assert "compiled decode" not in err and seen == [True, False, False]
+    assert asked[0] == (2, 7) and len(asked) == 2  # without --compile nothing is timed
     with pytest.raises(SystemExit) as exit_info:
         sample.main(["--ckpt", str(ckpt), "--compile", "--no-kv-cache"])
     assert exit_info.value.code == 2 and "drop --no-kv-cache" in capsys.readouterr().err

@@ -97,3 +97,15 @@ def test_nothing_left_to_pack_returns_none():
     model = tiny()
     pack_linears(model, force=True)
     assert pack_linears(model, force=True) is None  # every matmul is already a PackedLinear
+
+
+def test_a_compiled_decode_step_on_a_packed_model_equals_eager():
+    """Inside torch.compile the packed layers are F.linear on the same weights (the compiler cannot trace
+    oneDNN's opaque tensors): the compiled step draws eager decoding's tokens."""
+    import torch._dynamo
+    model = tiny()
+    pack_linears(model, force=True)
+    prompt = torch.randint(0, 97, (1, 4), generator=torch.Generator().manual_seed(5))
+    torch._dynamo.reset()
+    assert torch.equal(generate(model, prompt, 10, temperature=0, compile=True),
+                       generate(model, prompt, 10, temperature=0))
