@@ -128,7 +128,7 @@ def compiled_decode_step(model: GPT) -> Callable[[torch.Tensor, torch.Tensor], t
             # seen: the positions written once this token is, 0..n (CPU); or (n,) alone (CUDA: whole buffer)
             hidden, _ = model._hidden(token, seen[-1:], kv_len=seen.shape[0] if on_cpu else None)  # (B, 1, d_model)
             # on a CPU, the column-major head (GPT.logits) also inside the graph; passed in, so a changed
-            # weight reaches the compiled code without a recompile
+            # weight reaches the compiled code without a recompile (None: a head that is no nn.Linear, e.g. int8)
             return hidden @ head_columns if head_columns is not None else model.lm_head(hidden)
         compiled = torch.compile(decode, mode=None if on_cpu else "reduce-overhead", dynamic=False)
 
@@ -143,7 +143,7 @@ def compiled_decode_step(model: GPT) -> Callable[[torch.Tensor, torch.Tensor], t
                     return model(token, input_pos=input_pos)[0]
                 seen = positions[:n + 1]
                 torch._dynamo.mark_dynamic(seen, 0)  # one graph for every prefix length
-                logits = compiled(token, seen, model.head_columns())
+                logits = compiled(token, seen, model.head_columns() if model.head_is_linear() else None)
                 model._check_finite(logits, token, input_pos, None)  # the eager pass's check, outside the graph
                 return logits
         else:

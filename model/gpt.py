@@ -556,9 +556,14 @@ class GPT(nn.Module):
         (benchmarks/RESULTS.md). The same numbers in another summation order; the copy is made once and kept
         until the weight changes (its version counter moves on any in-place update)."""
         if x.device.type == "cpu" and not torch.is_grad_enabled() and not torch.compiler.is_compiling() \
-                and x.shape[:-1].numel() <= HEAD_COLUMNS_MAX_ROWS:
+                and x.shape[:-1].numel() <= HEAD_COLUMNS_MAX_ROWS and self.head_is_linear():
             return x @ self.head_columns()
         return self.lm_head(x)
+
+    def head_is_linear(self) -> bool:
+        """Whether the LM head is an nn.Linear, whose weight head_columns() can copy; an int8 head (model/quantize.py)
+        is not, and runs as its own module."""
+        return isinstance(self.lm_head, nn.Linear)
 
     def head_columns(self) -> torch.Tensor:
         """The LM head's weight transposed and contiguous, (d_model, vocab_size): cached, rebuilt after any
