@@ -208,8 +208,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             written = dump_internals(internals, heads, tokenizer.token_strings(ids), dump_dir, token_ids=ids,
                                      options=ExplorerOptions(title=f"attention of {source.label}", n_layer=cfg.n_layer,
-                                                             info="from int8-quantized weights" if quantized else ""),
-                                     scores=HeadScores(scores, scores_note, circuit), quantized=quantized)
+                                                             quantized=quantized or ""),
+                                     scores=HeadScores(scores, scores_note, circuit))
         except OSError as e:  # a --dump-dir that is a file, or not writable
             raise UserError(f"cannot write attention maps into '{dump_dir}': {e.strerror or e}; "
                             f"pass a writable folder with --dump-dir") from None

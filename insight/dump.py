@@ -148,15 +148,24 @@ def dump_attention(weights_by_layer: dict[int, torch.Tensor], heads_by_layer: di
                    tokens: Sequence[str], out_dir: str | Path,
                    token_ids: Sequence[int] | None = None,
                    value_norms: dict[int, torch.Tensor] | None = None,
-                   scores: HeadScores | None = None, quantized: str | None = None) -> list[Path]:
+                   scores: HeadScores | None = None) -> list[Path]:
     """Write `attn.npz` (its keys: module doc; `token_ids` when given, exact where a numpy string array is not,
     e.g. it drops a token's trailing NUL) and one heatmap `layer_L.png` of the selected heads per layer.
     weights_by_layer: (n_head, T, T) maps per layer, e.g. GPT.attention_maps(idx)[L][0]; value_norms, when given:
     (n_head, T) ||v_j W_O^h|| per layer (insight.value_weighted), for `value_norm_L` and `value_weighted_L`;
     scores, when given: its values {name: (n_layer, n_head)} (`prompt_head_scores`), written as `head_{name}`,
-    and its circuit's arrays (`prompt_circuit_scores`) under their own names, with `head_description`;
-    quantized, when given: the quantized model's description (model.quantize.quantize_int8), as `quantized`."""
-    out_dir = Path(out_dir)
+    and its circuit's arrays (`prompt_circuit_scores`) under their own names, with `head_description`."""
+    arrays, written = _arrays_and_heatmaps(weights_by_layer, heads_by_layer, tokens, Path(out_dir), token_ids,
+                                           value_norms, scores)
+    write_file(Path(out_dir) / "attn.npz", lambda f: np.savez(f, **arrays))
+    return [Path(out_dir) / "attn.npz", *written]
+
+
+def _arrays_and_heatmaps(weights_by_layer: dict[int, torch.Tensor], heads_by_layer: dict[int, list[int]],
+                         tokens: Sequence[str], out_dir: Path, token_ids: Sequence[int] | None,
+                         value_norms: dict[int, torch.Tensor] | None,
+                         scores: HeadScores | None) -> tuple[dict[str, np.ndarray], list[Path]]:
+    """dump_attention's work but the npz's writing: (its arrays, the heatmaps written)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     arrays: dict[str, np.ndarray] = {"tokens": np.array(list(tokens), dtype=str)}
     if token_ids is not None:
@@ -180,26 +189,26 @@ def dump_attention(weights_by_layer: dict[int, torch.Tensor], heads_by_layer: di
     if scores is not None and scores.circuit is not None:
         arrays.update(scores.circuit.arrays)
         arrays["head_description"] = np.array(head_descriptions(scores.values, scores.circuit.arrays), dtype=str)
-    if quantized is not None:
-        arrays["quantized"] = np.array(quantized, dtype=str)
-    write_file(out_dir / "attn.npz", lambda f: np.savez(f, **arrays))
-    return [out_dir / "attn.npz", *written]
+    return arrays, written
 
 
 def dump_internals(internals: dict[int, AttentionInternals], heads_by_layer: dict[int, list[int]],
                    tokens: Sequence[str], out_dir: str | Path, token_ids: Sequence[int] | None = None, *,
-                   options: ExplorerOptions = ExplorerOptions(), scores: HeadScores | None = None,
-                   quantized: str | None = None) -> list[Path]:
+                   options: ExplorerOptions = ExplorerOptions(), scores: HeadScores | None = None) -> list[Path]:
     """What sample.py --dump-attn writes, from GPT.attention_internals(idx, layers) of one prompt (B = 1):
     `attn.npz` with the value-weighted arrays (and the head scores, when given: `prompt_head_scores`), a
     heatmap per layer and `attention.html` (the explorer made with `options`, its selected heads first; the
-    scores and their note in its Statistics tab; `quantized`: see dump_attention). Returns the paths written."""
+    scores and their note in its Statistics tab). With options.quantized (a quantized model's description)
+    the npz holds it as `quantized` and the page's header line says so. Returns the paths written."""
     out_dir = Path(out_dir)
     item = options.item  # the npz and the page show the same batch item
-    written = dump_attention({layer: it.weights[item] for layer, it in internals.items()}, heads_by_layer, tokens,
-                             out_dir, token_ids=token_ids,
-                             value_norms={layer: internals_value_norms(it)[item] for layer, it in internals.items()},
-                             scores=scores, quantized=quantized)
+    arrays, heatmaps = _arrays_and_heatmaps(
+        {layer: it.weights[item] for layer, it in internals.items()}, heads_by_layer, tokens, out_dir, token_ids,
+        {layer: internals_value_norms(it)[item] for layer, it in internals.items()}, scores)
+    if options.quantized:
+        arrays["quantized"] = np.array(options.quantized, dtype=str)  # 0-d: what the maps' weights were
+    write_file(out_dir / "attn.npz", lambda f: np.savez(f, **arrays))
+    written = [out_dir / "attn.npz", *heatmaps]
     html = write_explorer(out_dir / "attention.html", internals, tokens, heads_by_layer, options=options,
                           scores=scores)
     return [*written, html]

@@ -18,7 +18,10 @@ from model.quantize import Int8Linear, quantize_int8
 from pretrained.checkpoint import load_model
 from tests.cli.test_sample import assert_user_error
 from tests.cli.test_sample import sample as sample_cli
-from tests.cli.test_sample_settings import CHARS, PROMPT, ckpt, run  # noqa: F401  (ckpt: the module's fixture)
+from tests.cli import test_sample_settings
+from tests.cli.test_sample_settings import CHARS, PROMPT, run
+
+ckpt = test_sample_settings.ckpt  # its module-scoped random checkpoint, as a fixture of this module too
 
 
 @pytest.mark.parametrize("flags,fragments", [
