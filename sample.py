@@ -5,6 +5,7 @@
     python sample.py --prompt "To be, or not" --dump-attn all   # attn.npz (+ head roles, ablation, circuit), heatmaps,
                                                                 # attention.html
     python sample.py --ckpt gpt2 --prompt "The animal didn't cross the street because it was tired" --dump-attn all
+    python sample.py --ckpt gpt2 --dtype bfloat16 --quantize int8 --prompt "Hello"   # int8 weights (CPU decoding)
 
 --ckpt also takes a Hugging Face model folder or hub id (GPT-2, Llama family): converted in memory.
 
@@ -13,7 +14,8 @@ in the run's folder is written, renamed or deleted (a training run may be saving
 checkpoint is read again if a save swapped it away mid-read). Attention dumps go to --dump-dir, by default
 ./attn_dump, never into a run or a model folder (common/paths.py says what marks one): refused in one line
 before the model is built, as is a --num-samples whose generation cannot fit in memory (pretrained/memory.py:
-generation_bytes). `~` in a path flag is the home folder. What odd prompts do: docs/sampling.md (and a prompt
+generation_bytes). --quantize (int8 weights for CPU decoding, model/quantize.py) is applied to the built model, never
+saved. `~` in a path flag is the home folder. What odd prompts do: docs/sampling.md (and a prompt
 may start with a dash: `--prompt "- item"`).
 """
 from __future__ import annotations
@@ -30,6 +32,7 @@ from common.paths import path_argument, path_text_argument
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "small.yaml"
 PROMPT_FILE_LIMIT = 1_000_000  # bytes: far more than any block_size of text, far less than memory
+QUANTIZE_MODES = ("int8", "int8-dynamic")  # model.quantize.QUANTIZE_MODES, named here before torch's import
 
 
 def default_checkpoint() -> Path:
@@ -69,6 +72,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-kv-cache", action="store_true", help="recompute the whole window at every step")
     p.add_argument("--compile", action="store_true", help="compile the decode step (torch.compile; CUDA graphs on a "
                                                           "GPU): faster per token after a one-time compile")
+    p.add_argument("--quantize", choices=QUANTIZE_MODES, default=None,
+                   help="int8 weights, per output channel, for CPU decoding: int8 (weight-only, needs --dtype "
+                        "bfloat16) or int8-dynamic (activations in int8 too, per token); model/quantize.py")
     p.add_argument("--dump-attn", metavar="SPEC", help="attention maps over the prompt: all | 0,2 | 1:3,0:1")
     p.add_argument("--no-circuit", action="store_true",
                    help="with --dump-attn: leave out the circuit (composition, path ablation, direct logits, OV "
@@ -128,6 +134,20 @@ def check_flags(args: argparse.Namespace) -> None:
         raise UserError("--no-circuit changes what --dump-attn writes: add --dump-attn SPEC, or drop --no-circuit")
     if not -2**63 <= args.seed < 2**64:  # what torch.Generator.manual_seed takes
         raise UserError(f"--seed must be an integer from -2**63 to 2**64-1, got {args.seed}")
+    if args.quantize is not None:
+        if args.device != "auto":
+            check_quantize_device(args.quantize, args.device)
+        if args.quantize == "int8" and args.dtype != "bfloat16":
+            # without bfloat16 activations the int8 weights are dequantized at every matmul: slower than float32
+            raise UserError(f"--quantize int8 keeps activations in bfloat16 for its kernel, not --dtype {args.dtype}: "
+                            f"add --dtype bfloat16, or use --quantize int8-dynamic")
+
+
+def check_quantize_device(mode: str, device: str) -> None:
+    """--quantize with anything but a CPU is refused (a device string, or a resolved torch.device)."""
+    if str(device).split(":")[0] != "cpu":
+        raise UserError(f"--quantize {mode} runs on a CPU only (torch's int8 kernels used here are CPU kernels), "
+                        f"not --device {device}: drop --quantize, or use --device cpu")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -143,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
     from pretrained.load import open_pretrained
 
     device = resolve_device(args.device, setting="--device ")
+    if args.quantize is not None:
+        check_quantize_device(args.quantize, device)  # --device auto resolved: still before the model is built
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
     if dtype == torch.float16 and device.type == "cpu":
         raise UserError("--dtype float16 is slow or unsupported on CPU: use bfloat16 or float32")
@@ -159,6 +181,11 @@ def run(args: argparse.Namespace) -> int:
         check_outside_runs(dump_dir, "--dump-dir", "pass --dump-dir a folder outside it (the default is ./attn_dump)")
     model = source.build(device=device, dtype=dtype)  # refuses a model that cannot fit before building it
     cfg = model.config
+    quantized = None
+    if args.quantize is not None:
+        from model.quantize import quantize_int8
+        quantized = quantize_int8(model, args.quantize)  # in place; the LM head by measurement
+        print(f"quantized: {quantized}", file=sys.stderr)
     # what generating allocates, checked before any of it is: N samples at once can need far more than the model
     needed = param_count(cfg) * dtype.itemsize + generation_bytes(
         cfg, args.num_samples, len(ids), args.max_new_tokens, dtype.itemsize, kv_cache=not args.no_kv_cache)
@@ -183,7 +210,8 @@ def run(args: argparse.Namespace) -> int:
         circuit = None if args.no_circuit else prompt_circuit_scores(model, idx, tokenizer)
         try:
             written = dump_internals(internals, heads, tokenizer.token_strings(ids), dump_dir, token_ids=ids,
-                                     options=ExplorerOptions(title=f"attention of {source.label}", n_layer=cfg.n_layer),
+                                     options=ExplorerOptions(title=f"attention of {source.label}", n_layer=cfg.n_layer,
+                                                             quantized=quantized or ""),
                                      scores=HeadScores(scores, scores_note, circuit))
         except OSError as e:  # a --dump-dir that is a file, or not writable
             raise UserError(f"cannot write attention maps into '{dump_dir}': {e.strerror or e}; "
@@ -226,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"[{new_tokens} tokens x {args.num_samples} in {elapsed:.2f}s: "
           f"{new_tokens * args.num_samples / max(elapsed, 1e-9):.1f} tokens/s, "
           f"{'no KV cache' if args.no_kv_cache else 'KV cache'}{', compiled decode' if compile_step else ''}"
-          f"{', oneDNN-packed weights' if is_packed(model) else ''}, "
+          f"{f', --quantize {args.quantize}' if args.quantize else ''}{', oneDNN-packed weights' if is_packed(model) else ''}, "
           f"{source.label}]", file=sys.stderr)
     return 0
 

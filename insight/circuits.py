@@ -529,7 +529,8 @@ def ov_promoted_tokens(model, idx: torch.Tensor, layer: int, head: int, top: int
     w_o = model.blocks[layer].attn.out_proj.weight[:, head * config.head_dim:(head + 1) * config.head_dim]  # (d, hd)
     writes = values @ w_o.T  # (B, T_k, d): what one unit of attention on key j writes
     scale, _ = _final_norm_parts(model, stream[-1])  # (B, T_q, 1): the frozen scale at each query position
-    unembed = model.lm_head.weight - model.lm_head.weight.mean(dim=0)  # (vocab, d)
+    unembed = model.lm_head.weight.float()  # (vocab, d): float32 as the weights' sums below, whatever the model's dtype
+    unembed = unembed - unembed.mean(dim=0)
     # N_i(write_j) = γ ⊙ P write_j / scale_i: the query's scale factors out of the sum over queries
     per_key = (weights / scale).sum(dim=1)  # (B, T_k): Σ_i w_ij / scale_i
     weighted = per_key[..., None] * _norm_linear(model, writes)  # (B, T_k, d)

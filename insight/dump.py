@@ -7,7 +7,9 @@ attn.npz holds, for each dumped layer L (T = the prompt's tokens):
     value_norm_L        (n_head, T) float32     ||v_j W_O^h|| (insight/value_weighted.py says why)
     value_weighted_L    (n_head, T, T) float32  alpha_ij * ||v_j W_O^h||: how much key j moves query i's output
 and `tokens` (each token's text), `token_ids` (exact ids). The value arrays are written when the dump
-is made from GPT.attention_internals (`dump_internals`, what sample.py does).
+is made from GPT.attention_internals (`dump_internals`, what sample.py does). A dump of a quantized model
+(sample.py --quantize) also holds `quantized`, a 0-d str: model.quantize's description of what was quantized;
+every map and score then comes from the int8 weights, and the explorer's header line says so.
 
 sample.py also writes what each head does (`prompt_head_scores`), for EVERY layer of the model whatever
 --dump-attn selects, each (n_layer, n_head) float32 (insight/roles.py, insight/ablation.py define them):
@@ -153,7 +155,17 @@ def dump_attention(weights_by_layer: dict[int, torch.Tensor], heads_by_layer: di
     (n_head, T) ||v_j W_O^h|| per layer (insight.value_weighted), for `value_norm_L` and `value_weighted_L`;
     scores, when given: its values {name: (n_layer, n_head)} (`prompt_head_scores`), written as `head_{name}`,
     and its circuit's arrays (`prompt_circuit_scores`) under their own names, with `head_description`."""
-    out_dir = Path(out_dir)
+    arrays, written = _arrays_and_heatmaps(weights_by_layer, heads_by_layer, tokens, Path(out_dir), token_ids,
+                                           value_norms, scores)
+    write_file(Path(out_dir) / "attn.npz", lambda f: np.savez(f, **arrays))
+    return [Path(out_dir) / "attn.npz", *written]
+
+
+def _arrays_and_heatmaps(weights_by_layer: dict[int, torch.Tensor], heads_by_layer: dict[int, list[int]],
+                         tokens: Sequence[str], out_dir: Path, token_ids: Sequence[int] | None,
+                         value_norms: dict[int, torch.Tensor] | None,
+                         scores: HeadScores | None) -> tuple[dict[str, np.ndarray], list[Path]]:
+    """dump_attention's work but the npz's writing: (its arrays, the heatmaps written)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     arrays: dict[str, np.ndarray] = {"tokens": np.array(list(tokens), dtype=str)}
     if token_ids is not None:
@@ -177,8 +189,7 @@ def dump_attention(weights_by_layer: dict[int, torch.Tensor], heads_by_layer: di
     if scores is not None and scores.circuit is not None:
         arrays.update(scores.circuit.arrays)
         arrays["head_description"] = np.array(head_descriptions(scores.values, scores.circuit.arrays), dtype=str)
-    write_file(out_dir / "attn.npz", lambda f: np.savez(f, **arrays))
-    return [out_dir / "attn.npz", *written]
+    return arrays, written
 
 
 def dump_internals(internals: dict[int, AttentionInternals], heads_by_layer: dict[int, list[int]],
@@ -187,13 +198,17 @@ def dump_internals(internals: dict[int, AttentionInternals], heads_by_layer: dic
     """What sample.py --dump-attn writes, from GPT.attention_internals(idx, layers) of one prompt (B = 1):
     `attn.npz` with the value-weighted arrays (and the head scores, when given: `prompt_head_scores`), a
     heatmap per layer and `attention.html` (the explorer made with `options`, its selected heads first; the
-    scores and their note in its Statistics tab). Returns the paths written."""
+    scores and their note in its Statistics tab). With options.quantized (a quantized model's description)
+    the npz holds it as `quantized` and the page's header line says so. Returns the paths written."""
     out_dir = Path(out_dir)
     item = options.item  # the npz and the page show the same batch item
-    written = dump_attention({layer: it.weights[item] for layer, it in internals.items()}, heads_by_layer, tokens,
-                             out_dir, token_ids=token_ids,
-                             value_norms={layer: internals_value_norms(it)[item] for layer, it in internals.items()},
-                             scores=scores)
+    arrays, heatmaps = _arrays_and_heatmaps(
+        {layer: it.weights[item] for layer, it in internals.items()}, heads_by_layer, tokens, out_dir, token_ids,
+        {layer: internals_value_norms(it)[item] for layer, it in internals.items()}, scores)
+    if options.quantized:
+        arrays["quantized"] = np.array(options.quantized, dtype=str)  # 0-d: what the maps' weights were
+    write_file(out_dir / "attn.npz", lambda f: np.savez(f, **arrays))
+    written = [out_dir / "attn.npz", *heatmaps]
     html = write_explorer(out_dir / "attention.html", internals, tokens, heads_by_layer, options=options,
                           scores=scores)
     return [*written, html]

@@ -11,9 +11,11 @@ import time
 from typing import Callable
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from model.gpt import GPT
+from model.packed import PackedLinear
 
 # The least a compile of the decode step has cost on a CPU here: small.yaml's 3-layer step with a warm inductor
 # cache, 6.2 s (23 s cold; GPT-2 small's 12 layers 27 s cold: benchmarks/RESULTS.md). A lower bound on what the
@@ -136,7 +138,7 @@ def compiled_decode_step(model: GPT) -> Callable[[torch.Tensor, torch.Tensor], t
             # seen: the positions written once this token is, 0..n (CPU); or (n,) alone (CUDA: whole buffer)
             hidden, _ = model._hidden(token, seen[-1:], kv_len=seen.shape[0] if on_cpu else None)  # (B, 1, d_model)
             # on a CPU, the column-major head (GPT.logits) also inside the graph; passed in, so a changed
-            # weight reaches the compiled code without a recompile
+            # weight reaches the compiled code without a recompile (None: a head that is no nn.Linear, e.g. int8)
             return hidden @ head_columns if head_columns is not None else model.lm_head(hidden)
         compiled = torch.compile(decode, mode=None if on_cpu else "reduce-overhead", dynamic=False)
 
@@ -151,7 +153,7 @@ def compiled_decode_step(model: GPT) -> Callable[[torch.Tensor, torch.Tensor], t
                     return model(token, input_pos=input_pos)[0]
                 seen = positions[:n + 1]
                 torch._dynamo.mark_dynamic(seen, 0)  # one graph for every prefix length
-                logits = compiled(token, seen, model.head_columns())
+                logits = compiled(token, seen, model.head_columns() if model.head_is_linear() else None)
                 model._check_finite(logits, token, input_pos, None)  # the eager pass's check, outside the graph
                 return logits
         else:
@@ -214,19 +216,27 @@ def eager_step_seconds(model: GPT, batch_size: int, clock: Callable[[], float] =
 
 
 def compiled_matmul_seconds(model: GPT, batch_size: int, clock: Callable[[], float] = time.perf_counter) -> float:
-    """One decode step's matmuls alone as compiled code runs them, best of TIMED_STEPS: F.linear on each
-    block's weights (whatever module holds them) and the LM head as x @ head_columns, on (batch_size, 1, in) rows."""
+    """One decode step's matmuls alone as compiled code runs them, best of TIMED_STEPS, on (batch_size, 1, in) rows:
+    F.linear on the weights of each block's matmuls where they are float (packed ones included: compiled code
+    cannot run oneDNN's packed layout), the module itself otherwise (int8, model/quantize.py); the LM head as
+    x @ head_columns, or its own module."""
     weight = model.tok_emb.weight
-    layers = [(m.weight, getattr(m, "bias", None)) for block in model.blocks
+    layers = [m for block in model.blocks
               for m in (block.attn.qkv_proj, block.attn.out_proj, block.mlp.fc_in, block.mlp.fc_out)]
-    rows = {w.shape[1]: torch.randn(batch_size, 1, w.shape[1], dtype=weight.dtype, device=weight.device)
-            for w, _ in layers}
-    head = model.head_columns()  # (d_model, vocab_size)
+    rows = {m.in_features: torch.randn(batch_size, 1, m.in_features, dtype=weight.dtype, device=weight.device)
+            for m in [*layers, model.lm_head]}
+    calls = [(lambda m=m: F.linear(rows[m.in_features], m.weight, m.bias)) if isinstance(m, (nn.Linear, PackedLinear))
+             else (lambda m=m: m(rows[m.in_features])) for m in layers]
+    head_input = rows[model.lm_head.in_features]
+    if model.head_is_linear():
+        head = model.head_columns()  # (d_model, vocab_size)
+        calls.append(lambda: head_input @ head)
+    else:
+        calls.append(lambda: model.lm_head(head_input))
 
     def matmuls() -> None:
-        for w, b in layers:
-            F.linear(rows[w.shape[1]], w, b)
-        rows[head.shape[0]] @ head
+        for call in calls:
+            call()
 
     matmuls()
     best = float("inf")

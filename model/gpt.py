@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from common.device import torch_version
 from common.errors import UserError
 from model.config import ModelConfig
+from model.packed import PackedLinear
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -560,6 +561,12 @@ class GPT(nn.Module):
                 and x.shape[:-1].numel() <= HEAD_COLUMNS_MAX_ROWS and isinstance(self.lm_head, nn.Linear):
             return x @ self.head_columns()
         return self.lm_head(x)
+
+    def head_is_linear(self) -> bool:
+        """Whether the LM head multiplies by a float weight that head_columns() can copy (what compiled decoding
+        uses): an nn.Linear, or one whose weight model/packed.py prepacked (the same Parameter); an int8 head
+        (model/quantize.py) is not, and runs as its own module."""
+        return isinstance(self.lm_head, (nn.Linear, PackedLinear))
 
     def head_columns(self) -> torch.Tensor:
         """The LM head's weight transposed and contiguous, (d_model, vocab_size): cached, rebuilt after any

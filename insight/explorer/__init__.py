@@ -82,9 +82,12 @@ def _render(meta: dict, data: bytes, detail: bytes) -> str:
 class ExplorerOptions:
     """How the page is made: its title and header line (info, e.g. the step), the model's depth for the
     header (n_layer; default: the largest layer + 1), how many tokens it shows (window), its size budget
-    (max_bytes) and the batch item drawn. Frozen: one default instance serves every call."""
+    (max_bytes) and the batch item drawn; quantized, for a quantized model: its description (model/quantize.py),
+    which makes the header line say the maps come from int8 weights. Frozen: one default instance serves every
+    call."""
     title: str = "attngpt attention"
     info: str = ""
+    quantized: str = ""
     n_layer: int | None = None
     window: int = WINDOW
     max_bytes: int = MAX_BYTES
@@ -205,7 +208,8 @@ def explorer_html(internals: dict[int, AttentionInternals], tokens: Sequence[str
     char_level = W > 1 and all(len(t) == 1 for t in tokens[:W])
     circuit = _circuit_meta(scores, n_head)  # before `scores` names the page's form of them
     scores = _scores_meta(head_scores, n_head)
-    meta = {"format": 1, "title": options.title, "info": options.info,
+    info = " · ".join(filter(None, [options.info, "from int8-quantized weights" if options.quantized else ""]))
+    meta = {"format": 1, "title": options.title, "info": info,
             "n_layer": options.n_layer or max(layers[-1] + 1, len(scores["roles"])),
             "layers": layers, "n_head": n_head, "n_kv_head": n_kv_head, "head_dim": head_dim, "n_tokens": T,
             "window": W, "labels": [token_label(t, max_len=16) for t in tokens[:W]],

@@ -1,0 +1,198 @@
+"""Int8 decoding (sample.py --quantize, model/quantize.py) against float32 and bfloat16: speed, greedy agreement
+and val loss, on one CPU, batch 1.
+
+Variants (each built fresh from the same weights; the LM head either float or int8, never measured here):
+  float32, bfloat16                the float model
+  int8 [head int8]                 weight-only int8, bfloat16 activations (_weight_int8pack_mm)
+  int8-dynamic/<dtype> [head int8] int8 weights and per-token int8 activations (oneDNN qlinear / torch._int_mm), the
+                                   rest of the model (attention, norms, embedding) in <dtype>
+For each: ms/token = wall time of one model.generate.generate call (greedy, KV cache, prompt prefill included)
+over its new tokens, median of --rounds interleaved rounds (each round runs every variant once, starting one
+variant later each round); agreement = the share of the first --agree new tokens identical to float32's, and the
+first position where they differ; val loss = the mean next-token loss on --val-batches batches of the val split
+(the same batches for every variant), when the checkpoint is a train.py run whose prepared data is on this
+machine (its config.yaml names it; nothing is prepared here).
+
+    python benchmarks/int8_sample.py --ckpt runs/small [--new-tokens 128] [--prompt 32] [--rounds 3]
+    python benchmarks/int8_sample.py --shape gpt2-124m [--threads 2] [--save]
+
+--ckpt takes what sample.py's --ckpt takes (a run's out_dir, a checkpoint folder, a Hugging Face folder or hub
+id); --shape a random model of sample_vs_hf.py's SHAPES (gpt2, llama, gpt2-124m, small), seeded: its greedy
+text is near-uniform guessing, so its agreement says little (a checkpoint's does). --save appends the table to
+benchmarks/RESULTS.md.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import _report
+from common.errors import ArgumentParser, UserError, user_errors_exit
+from model import GPT
+from model.generate import generate
+from model.quantize import quantize_int8
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    dtype: torch.dtype
+    mode: str | None = None  # None: the float model
+    lm_head: bool = False
+
+
+VARIANTS = (
+    Variant("float32", torch.float32),
+    Variant("bfloat16", torch.bfloat16),
+    Variant("int8", torch.bfloat16, "int8"),
+    Variant("int8 head int8", torch.bfloat16, "int8", True),
+    Variant("int8-dynamic/float32", torch.float32, "int8-dynamic"),
+    Variant("int8-dynamic/float32 head int8", torch.float32, "int8-dynamic", True),
+    Variant("int8-dynamic/bfloat16", torch.bfloat16, "int8-dynamic"),
+    Variant("int8-dynamic/bfloat16 head int8", torch.bfloat16, "int8-dynamic", True),
+)
+
+
+def model_source(args: argparse.Namespace):
+    """(build(dtype) -> a fresh eval-mode GPT on the CPU, label, the val data or None, a note on the val data)."""
+    if args.ckpt is not None:
+        from pretrained.load import open_pretrained
+        source = open_pretrained(args.ckpt)
+        prepared, note = find_val_data(Path(args.ckpt))
+        return (lambda dtype: source.build(device="cpu", dtype=dtype).eval()), source.label, prepared, note
+    from sample_vs_hf import SHAPES
+    config = SHAPES[args.shape]
+
+    def build(dtype: torch.dtype) -> GPT:
+        torch.manual_seed(0)
+        return GPT(config).to(dtype).eval()
+    return build, f"random {args.shape}", None, "no val loss: a random model (--shape) has no data"
+
+
+def find_val_data(ckpt: Path):
+    """The prepared data of the train.py run `ckpt` belongs to (its out_dir, or best/ / latest/ in it), read as it
+    is: (PreparedData, what it is) or (None, why there is none). Nothing is prepared or downloaded."""
+    from data.prepare import fingerprint, prepared_root
+    from data.prepared import load_prepared
+    from data.sources import resolve_corpus
+    from training.config import load_run_config
+
+    run = next((f for f in (ckpt, ckpt.parent) if (f / "config.yaml").is_file()), None)
+    if run is None:
+        return None, f"no val loss: no train.py run config.yaml at {ckpt} or its parent"
+    cfg = load_run_config(run / "config.yaml", [])
+    try:
+        if cfg.data.source == "tinyshakespeare" and not any(prepared_root().glob("tinyshakespeare*")):
+            raise UserError("tinyshakespeare is not prepared on this machine")
+        corpus = resolve_corpus(cfg.data, quiet=True)
+        folder, fp = fingerprint(cfg.data, corpus)
+        prepared = load_prepared(prepared_root() / folder)
+    except (UserError, OSError) as e:
+        return None, f"no val loss: the run's prepared data is not readable here ({e})"
+    if prepared.meta.get("fingerprint") != fp:
+        return None, f"no val loss: {prepared.dir} was prepared from other files than the run's config names"
+    return prepared, f"val loss on the val split of {prepared.dir}"
+
+
+@torch.no_grad()
+def val_loss(model: GPT, prepared, batches: int, batch_size: int) -> float:
+    """Mean next-token loss over the first `batches` val batches of a fixed seed: the same windows for every model."""
+    from data.loader import BatchLoader
+    loader = BatchLoader(prepared.split_files("val"), model.config.block_size, batch_size, seed=0)
+    return statistics.fmean(float(model(*loader.next_batch())[1]) for _ in range(batches))
+
+
+def agreement(tokens: torch.Tensor, reference: torch.Tensor, n: int) -> tuple[float, str]:
+    """(share of the first n new tokens equal to the reference's, first differing position or '-')."""
+    same = (tokens[0, :n] == reference[0, :n]).tolist()
+    return sum(same) / len(same), str(same.index(False)) if False in same else "-"
+
+
+def main() -> None:
+    parser = ArgumentParser(prog="int8_sample", description=__doc__.splitlines()[0])
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--ckpt", help="what sample.py --ckpt takes: a run's out_dir, checkpoint, HF folder or hub id")
+    source.add_argument("--shape", help="a random model of this shape: gpt2, llama, gpt2-124m or small (default)")
+    parser.add_argument("--prompt", type=int, default=32, help="prompt tokens (random ids, seeded)")
+    parser.add_argument("--new-tokens", type=int, default=128, help="new tokens per generation")
+    parser.add_argument("--agree", type=int, default=None, help="tokens compared with float32 (default: all new)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (median reported)")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
+    parser.add_argument("--val-batches", type=int, default=4, help="val batches for the loss (0: none)")
+    parser.add_argument("--val-batch-size", type=int, default=4)
+    parser.add_argument("--save", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    args = parser.parse_args()
+    with user_errors_exit("int8_sample"):
+        if args.ckpt is None and args.shape is None:
+            args.shape = "small"
+        from sample_vs_hf import SHAPES
+        if args.shape is not None and args.shape not in SHAPES:
+            raise UserError(f"--shape {args.shape!r}: use one of {', '.join(SHAPES)}")
+        if min(args.prompt, args.new_tokens, args.rounds, args.threads, args.val_batch_size) < 1 or args.val_batches < 0:
+            raise UserError("--prompt, --new-tokens, --rounds, --threads and --val-batch-size must be >= 1, "
+                            "--val-batches >= 0")
+        agree = args.new_tokens if args.agree is None else args.agree
+        if not 1 <= agree <= args.new_tokens:
+            raise UserError(f"--agree must be in 1..--new-tokens ({args.new_tokens}), got {agree}")
+        torch.set_num_threads(args.threads)
+        build, label, prepared, val_note = model_source(args)
+        rows = run_variants(build, prepared, args, agree)
+        machine_line = _report.machine(torch_threads=True, extra=[
+            _report.cpu_bf16_support() + ", " + _report.flag_list(("avx512_vnni", "amx_int8"))])
+        notes = [f"{label}; prompt {args.prompt} random tokens, {args.new_tokens} new, greedy, batch 1, KV cache; "
+                 f"ms/token = one generate call (prefill included) / new tokens, median of {args.rounds} interleaved "
+                 f"rounds; agreement over the first {agree} new tokens against float32's",
+                 val_note + (f" ({args.val_batches} batches of {args.val_batch_size}, the same for every variant)"
+                             if prepared is not None and args.val_batches else "")]
+        table = ["| variant | ms/token | vs float32 | greedy agreement | first difference | val loss |",
+                 "|---|---:|---:|---:|---:|---:|"]
+        base = rows[0]["ms"]
+        for row in rows:
+            loss = f"{row['loss']:.4f}" if row["loss"] is not None else "-"
+            table.append(f"| {row['name']} | {row['ms']:.2f} | {base / row['ms']:.2f}x | {row['agree']:.3f} | "
+                         f"{row['first']} | {loss} |")
+        for row in rows:
+            if row["description"]:
+                notes.append(f"{row['name']}: {row['description']}")
+        print("\n".join([machine_line, "", *notes, "", *table]))
+        if args.save:
+            _report.save(argparse.Namespace(no_save=False), "Int8 decoding (sample.py --quantize)", machine_line,
+                         "int8_sample.py", *[f"- {n}" for n in notes], "", *table, "")
+
+
+def run_variants(build, prepared, args: argparse.Namespace, agree: int) -> list[dict]:
+    """One row per VARIANTS entry: name, ms (per token), agree, first, loss (None without val data), description."""
+    models, descriptions = {}, {}
+    for variant in VARIANTS:
+        model = build(variant.dtype)
+        descriptions[variant.name] = (quantize_int8(model, variant.mode, lm_head=variant.lm_head)
+                                      if variant.mode else "")
+        models[variant.name] = model
+    vocab = models["float32"].config.vocab_size
+    prompt = torch.randint(0, vocab, (1, args.prompt), generator=torch.Generator().manual_seed(1))
+    runs = {name: (lambda m=model: generate(m, prompt, args.new_tokens, temperature=0.0))
+            for name, model in models.items()}
+    tokens = {name: run()[:, args.prompt:] for name, run in runs.items()}  # warm-up, and the greedy tokens
+    seconds: dict[str, list[float]] = {name: [] for name in runs}
+    names = list(runs)
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            seconds[name].append(_report.timed(runs[name])[0])
+        print(f"  round {r + 1}: " + ", ".join(f"{n} {1e3 * seconds[n][-1] / args.new_tokens:.1f}" for n in names)
+              + " ms/token", flush=True)
+    rows = []
+    for name in names:
+        share, first = agreement(tokens[name], tokens["float32"], agree)
+        loss = (val_loss(models[name], prepared, args.val_batches, args.val_batch_size)
+                if prepared is not None and args.val_batches else None)
+        rows.append({"name": name, "ms": 1e3 * statistics.median(seconds[name]) / args.new_tokens, "agree": share,
+                     "first": first, "loss": loss, "description": descriptions[name]})
+    return rows
+
+
+if __name__ == "__main__":
+    main()

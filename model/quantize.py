@@ -1,0 +1,262 @@
+"""Int8 weights for CPU decoding (sample.py --quantize): per-channel quantized linears, for inference only.
+
+What is quantized: each block's four matmuls (attention qkv_proj and out_proj, the MLP's fc_in and fc_out), and
+the LM head when it is asked for or measured faster (below). The embedding table, the norms and attention itself
+stay in the model's dtype. Decoding one token on a CPU streams every weight matrix from memory once; int8 halves
+the bytes of bfloat16 and quarters those of float32, which is where the speed comes from.
+
+Weights, per output channel (`quantize_per_channel`): row n of W (out, in) gets its own scale
+s_n = max_k |W_nk| / 127, and q_nk = round(W_nk / s_n), an int8 in [-127, 127]. The dequantized weight q_nk * s_n
+differs from W_nk by at most s_n / 2: each row keeps 8 bits relative to its own largest entry, so a row of small
+weights is not flattened by a large one elsewhere. (A scale stored in bfloat16 is rounded *up*, so that no value
+ever needs clamping; an all-zero row gets scale 1 and stays exactly zero.)
+
+Two modes, both with these weights:
+    int8           weight-only: activations stay bfloat16. On a CPU with a bfloat16 input the matmul is
+                   torch.ops.aten._weight_int8pack_mm (int8 weights converted on the fly, float accumulation,
+                   times the per-row scales); any other input (float32, another device) runs F.linear on the
+                   dequantized weight in the input's dtype: the same numbers, no special kernel (and slower than
+                   float32 itself, so sample.py asks for --dtype bfloat16 instead). The AVX-512 kernel reads each
+                   row 16 values at a time with no tail: on torch 2.13 in_features 24 gave garbage and 7 crashed
+                   the process, so a layer whose in_features is not a multiple of 16 is refused at quantize time.
+    int8-dynamic   weights AND activations in int8: each activation row (one token) is quantized at run time to
+                   uint8 with its own scale and zero point over [min(row, 0), max(row, 0)] (asymmetric: 256 levels
+                   between the row's extremes, 0.0 exactly representable), and the product runs on integers. This
+                   changes the numbers a second time: every activation entering a quantized matmul is rounded to
+                   one of 256 levels of its own token's range (an error up to one level, s_x = range / 255, per
+                   entry; within s_x / 2 except at the range's edges), so y_n differs from the weight-only result
+                   by at most s_x * sum_k |q_nk s_n|. Kernels: one row (a batch-1 decode step, where a per-tensor
+                   scale *is* the per-token scale) goes to oneDNN's x86 int8 matmul (torch.ops.onednn.qlinear_
+                   pointwise on a weight packed once by qlinear_prepack); several rows (a prefill, a batch), code
+                   being compiled (Inductor lowers qlinear only on frozen constants) or a build without oneDNN go
+                   to torch._int_mm on the uint8 rows and the int8 weight, with each row's scale and zero point
+                   applied after: y = s_x * s_n * (sum_k q_x,k q_nk - z_x sum_k q_nk), exact in int32. Both give
+                   per-token numbers (the oneDNN kernel rounds the final float products differently).
+
+Measured on the development machine (2 threads, GPT-2 small's 49 matmuls at batch 1: 12 layers of 768-wide
+qkv/out/fc_in/fc_out and the 50304 x 768 head): bfloat16 F.linear 25 ms, bfloat16 oneDNN-prepacked 14 ms,
+_weight_int8pack_mm 11.7 ms, oneDNN qlinear_pointwise (uint8 activations, per-tensor scale) 8.5 ms, torch._int_mm
+at one row 12 ms.
+
+The LM head (`quantize_int8(lm_head=None)`): the float head of a CPU decode step already streams a column-major
+copy (GPT.logits), so whether int8 beats it depends on the machine; it is decided by timing both on one row when
+quantizing (a few interleaved calls each, the faster kept), never by a constant. A tied head becomes an Int8Linear
+of its own (the embedding table stays float).
+
+Only for inference: a quantized model is never trained (its int8 weights are buffers, no parameters) and never
+saved (Int8Linear refuses to be written into a state_dict: its int8 weights would not load back into a GPT).
+Every reader of `.weight` (insight/'s composition scores, attention internals, the finite check) reads the
+dequantized weight, in the scales' dtype: the numbers that run.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from common.errors import UserError
+
+QUANTIZE_MODES = ("int8", "int8-dynamic")
+MODE_TEXT = {"int8": "int8 weights, bfloat16 activations",
+             "int8-dynamic": "int8 weights, int8 activations quantized per token at run time"}
+INT8_MAX = 127  # symmetric: -127..127, so that -W quantizes to exactly -q
+KERNEL_IN_MULTIPLE = 16  # _weight_int8pack_mm's AVX-512 loop reads rows 16 values at a time, no tail
+BLOCK_LINEARS = ("attn.qkv_proj", "attn.out_proj", "mlp.fc_in", "mlp.fc_out")
+HEAD_TIMING_ROUNDS = 5  # interleaved rounds of HEAD_TIMING_CALLS calls of each head kernel, after a warm-up
+HEAD_TIMING_CALLS = 3
+
+
+def quantize_per_channel(weight: torch.Tensor, scale_dtype: torch.dtype = torch.float32
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight (out, in) float -> (int8 (out, in), scales (out,) in scale_dtype): symmetric per-row quantization,
+    q = round(w / s) with s = max|row| / 127, so |q * s - w| <= s / 2 entry by entry. The scale is rounded up
+    when stored in a narrower dtype (no entry then needs clamping); an all-zero row gets scale 1 (q = 0, exactly
+    zero again, never a division by 0). Computed in float32 whatever the weight's dtype."""
+    if weight.dim() != 2:
+        raise ValueError(f"quantize_per_channel takes a (out, in) weight, got shape {tuple(weight.shape)}")
+    w = weight.detach().float()
+    scales = w.abs().amax(dim=1) / INT8_MAX  # (out,)
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))  # zero rows (and underflowing ones): 1
+    stored = scales.to(scale_dtype)
+    stored = torch.where(stored.float() < scales, torch.nextafter(stored, torch.full_like(stored, float("inf"))),
+                         stored)  # rounded up: max|row| / stored <= 127
+    q = torch.round(w / stored.float()[:, None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)  # (out, in)
+    return q, stored
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x (N, in) float -> (uint8 (N, in), scales float32 (N, 1), zero points int32 (N, 1)): each row on its own
+    256 levels over [min(row, 0), max(row, 0)], x ~ (q - zero) * scale; an all-zero row gets scale 1."""
+    x = x.float()
+    low = x.amin(dim=1, keepdim=True).clamp(max=0.0)  # (N, 1)
+    high = x.amax(dim=1, keepdim=True).clamp(min=0.0)
+    scales = (high - low) / 255.0
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+    zeros = torch.round(-low / scales).clamp(0, 255)  # the code of 0.0
+    q = (torch.round(x / scales) + zeros).clamp(0, 255).to(torch.uint8)
+    return q, scales, zeros.to(torch.int32)
+
+
+def _onednn_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")
+
+
+class Int8Linear(nn.Module):
+    """y = x W^T + b with W held as int8 (out, in) and per-output-channel scales (out,); mode "int8" (weight-only)
+    or "int8-dynamic" (activations quantized per row too). Module doc: kernels and numbers."""
+
+    def __init__(self, weight_int8: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
+                 mode: str = "int8"):
+        super().__init__()
+        if mode not in QUANTIZE_MODES:
+            raise ValueError(f"mode {mode!r}: use one of {', '.join(QUANTIZE_MODES)}")
+        if weight_int8.dtype != torch.int8 or weight_int8.dim() != 2 or scales.shape != weight_int8.shape[:1]:
+            raise ValueError(f"Int8Linear takes an int8 (out, in) weight and (out,) scales, got "
+                             f"{weight_int8.dtype} {tuple(weight_int8.shape)} and {tuple(scales.shape)}")
+        self.mode = mode
+        self.out_features, self.in_features = weight_int8.shape
+        self.register_buffer("weight_int8", weight_int8.contiguous())  # (out, in)
+        self.register_buffer("scales", scales)  # (out,), the dtype `weight` is read in
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+        # the kernels' own copies of the scales: buffers, so compiled code reads them as the module's tensors
+        self.register_buffer("scales_bf16", scales.to(torch.bfloat16), persistent=False)
+        self.register_buffer("scales_f32", scales.float(), persistent=False)
+        self._onednn_weight = None  # int8-dynamic: oneDNN's packed weight (an opaque mkldnn tensor, not a buffer)
+        if mode == "int8-dynamic":
+            # sum_k q_nk per output channel (out,): the zero point's share of the integer product
+            self.register_buffer("row_sums", weight_int8.sum(dim=1, dtype=torch.int32), persistent=False)
+            if weight_int8.device.type == "cpu" and _onednn_available():
+                self._onednn_weight = torch.ops.onednn.qlinear_prepack(self.weight_int8, None)
+                self.register_buffer("zero_points", torch.zeros(self.out_features, dtype=torch.long),
+                                     persistent=False)  # the weights' (symmetric: 0)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, mode: str = "int8") -> "Int8Linear":
+        """`linear`'s weight quantized per channel (the scales in its dtype), its bias kept as it is."""
+        q, scales = quantize_per_channel(linear.weight, scale_dtype=linear.weight.dtype)
+        return cls(q, scales, linear.bias, mode=mode)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dequantized weight q * s (out, in) in the scales' dtype: what insight/ and every other reader of
+        `.weight` sees, the numbers that run (read-only: a new tensor at every read)."""
+        return self.dequantized(self.scales.dtype)
+
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+        return self.weight_int8.to(dtype) * self.scales.to(dtype)[:, None]  # (out, in)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"mode={self.mode}")
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        raise UserError(f"{prefix.rstrip('.') or 'this layer'} is int8-quantized (model.quantize), for inference "
+                        f"only: a quantized model is never saved; save the float model instead")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., in) -> (..., out) in x's dtype."""
+        if self.mode == "int8-dynamic":
+            y = self._dynamic(x.reshape(-1, self.in_features)).view(*x.shape[:-1], self.out_features)
+        elif x.device.type == "cpu" and x.dtype == torch.bfloat16:
+            rows = x.reshape(-1, self.in_features).contiguous()  # (N, in): the kernel takes 2-D rows
+            y = torch.ops.aten._weight_int8pack_mm(rows, self.weight_int8, self.scales_bf16)  # (N, out)
+            y = y.view(*x.shape[:-1], self.out_features)
+        else:
+            return F.linear(x, self.dequantized(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def _dynamic(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows (N, in) -> (N, out) in rows' dtype, each row's activations quantized on its own (module doc)."""
+        q, scales, zeros = quantize_rows(rows)  # (N, in) uint8, (N, 1), (N, 1)
+        out_dtype = rows.dtype if rows.dtype in (torch.float32, torch.bfloat16) else torch.float32
+        if rows.device.type != "cpu":  # the same numbers without an int8 kernel: dequantize both sides
+            y = F.linear((q.float() - zeros) * scales, self.dequantized(torch.float32))
+        elif rows.shape[0] == 1 and self._onednn_weight is not None and not torch.compiler.is_compiling():
+            # one token: its scale is a per-tensor scale, which oneDNN applies inside the kernel
+            y = torch.ops.onednn.qlinear_pointwise.tensor(
+                q, scales.reshape(()), zeros.reshape(()), self._onednn_weight, self.scales_f32, self.zero_points,
+                None, 1.0, 0, out_dtype, "none", [], "")
+        else:
+            products = torch._int_mm(q, self.weight_int8.t())  # (N, out) int32: sum_k q_x,k q_nk
+            y = (products - zeros * self.row_sums).float() * (scales * self.scales_f32)  # exact until the float
+        return y.to(rows.dtype)
+
+
+def is_quantized(model: nn.Module) -> bool:
+    return any(isinstance(m, Int8Linear) for m in model.modules())
+
+
+def quantization_of(model: nn.Module) -> str | None:
+    """The description quantize_int8 returned for `model`, None for a float model."""
+    return model.__dict__.get("_quantization") if is_quantized(model) else None
+
+
+def _head_seconds(model: nn.Module, candidate: Int8Linear, clock: Callable[[], float]) -> tuple[float, float]:
+    """(float head, int8 head) median seconds per call on one row (1, 1, d_model) in the model's dtype: the
+    float one as a decode step runs it (GPT.logits: on a CPU the column-major head), interleaved rounds after
+    a warm-up, so a slow spell of the machine falls on both."""
+    row = torch.randn(1, 1, candidate.in_features, generator=torch.Generator().manual_seed(0)).to(
+        device=model.tok_emb.weight.device, dtype=model.tok_emb.weight.dtype)
+    kernels = {"float": lambda: model.logits(row), "int8": lambda: candidate(row)}
+    seconds: dict[str, list[float]] = {name: [] for name in kernels}
+    with torch.no_grad():
+        for run in kernels.values():  # warm-up: the column-major copy is made, oneDNN picks its kernel
+            run()
+            run()
+        for _ in range(HEAD_TIMING_ROUNDS):
+            for name, run in kernels.items():
+                start = clock()
+                for _ in range(HEAD_TIMING_CALLS):
+                    run()
+                seconds[name].append((clock() - start) / HEAD_TIMING_CALLS)
+    return statistics.median(seconds["float"]), statistics.median(seconds["int8"])
+
+
+def quantize_int8(model: nn.Module, mode: str = "int8", lm_head: bool | None = None,
+                  clock: Callable[[], float] | None = None) -> str:
+    """Replace, in place, each block's qkv_proj, out_proj, fc_in and fc_out (nn.Linear) of the GPT `model` by
+    an Int8Linear of `mode`, and the LM head too when lm_head is True; None: only where int8 measured faster
+    on one row here (`clock`: time.perf_counter unless a test stands in its own). Returns a one-line description
+    of what was done. For inference on a CPU only (module doc); a bad request raises UserError before any
+    layer is changed."""
+    if mode not in QUANTIZE_MODES:
+        raise UserError(f"quantize mode {mode!r} is not known: use {' or '.join(QUANTIZE_MODES)}")
+    device = model.tok_emb.weight.device
+    if device.type != "cpu":
+        raise UserError(f"--quantize {mode} runs on a CPU only (torch's int8 kernels used here are CPU kernels), "
+                        f"the model is on {device}: drop --quantize, or use --device cpu")
+    if is_quantized(model):
+        raise UserError("the model is already quantized: quantize a float model once")
+    targets = [(f"blocks.{i}.{path}", block.get_submodule(path.rsplit(".", 1)[0]), path.rsplit(".", 1)[1])
+               for i, block in enumerate(model.blocks) for path in BLOCK_LINEARS]
+    head_possible = lm_head is not False and isinstance(model.lm_head, nn.Linear)
+    checked = targets + ([("lm_head", model, "lm_head")] if head_possible else [])
+    for name, parent, attr in checked:  # every layer checked before any is replaced (or allocated)
+        layer = getattr(parent, attr)
+        if not isinstance(layer, nn.Linear):
+            raise UserError(f"{name} is a {type(layer).__name__}, not an nn.Linear: only a float GPT is quantized")
+        if mode == "int8" and layer.in_features % KERNEL_IN_MULTIPLE:
+            raise UserError(f"--quantize int8 cannot take {name}: its in_features {layer.in_features} is not a "
+                            f"multiple of {KERNEL_IN_MULTIPLE}, which torch's int8 weight kernel needs; use "
+                            f"--quantize int8-dynamic (any shape), or drop --quantize")
+    for _, parent, attr in targets:
+        setattr(parent, attr, Int8Linear.from_linear(getattr(parent, attr), mode))
+    head_note = "LM head float (not asked for)"
+    if head_possible:
+        candidate = Int8Linear.from_linear(model.lm_head, mode)
+        if lm_head is None:
+            float_s, int8_s = _head_seconds(model, candidate, clock or time.perf_counter)
+            lm_head = int8_s < float_s
+            head_note = (f"LM head {'int8' if lm_head else 'float'} (measured on one row: int8 "
+                         f"{int8_s * 1e3:.3g} ms, float {float_s * 1e3:.3g} ms)")
+        else:
+            head_note = "LM head int8 (asked for)"
+        if lm_head:
+            model.lm_head = candidate  # a tied head's own int8 copy: tok_emb stays float
+    description = f"{mode} ({MODE_TEXT[mode]}; per-channel scales) in {len(targets)} block matmuls, {head_note}"
+    model.__dict__["_quantization"] = description
+    return description

@@ -1,0 +1,67 @@
+"""benchmarks/int8_sample.py on tiny runs (no speed is asserted): every variant gets a row, float32 agrees with
+itself, a train.py run's val data gives every variant a val loss (the float32 one the model's own loss on those
+batches), and --save appends one section."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, prepared_shakespeare_dir
+
+SCRIPT = REPO / "benchmarks" / "int8_sample.py"
+NAMES = ["float32", "bfloat16", "int8", "int8 head int8", "int8-dynamic/float32", "int8-dynamic/float32 head int8",
+         "int8-dynamic/bfloat16", "int8-dynamic/bfloat16 head int8"]
+QUICK = ["--prompt", "4", "--new-tokens", "6", "--rounds", "1", "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    return prepared_shakespeare_dir(tmp_path_factory.mktemp("data"))
+
+
+def bench(*args: str, data: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
+           **({"ATTNGPT_DATA_DIR": str(data)} if data else {})}
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def table_rows(stdout: str) -> dict[str, list[str]]:
+    rows = [line.strip("|").split("|") for line in stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    return {cells[0].strip(): [c.strip() for c in cells[1:]] for cells in rows[1:]}
+
+
+def test_a_random_shape_gets_a_row_per_variant():
+    done = bench("--shape", "small", *QUICK)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = table_rows(done.stdout)
+    assert list(rows) == NAMES
+    assert rows["float32"][2:4] == ["1.000", "-"]  # float32 against itself
+    assert all(float(row[0]) > 0 and 0 <= float(row[2]) <= 1 and row[4] == "-" for row in rows.values())
+    assert "no val loss: a random model" in done.stdout
+
+
+def test_a_runs_checkpoint_gets_val_losses_and_save_appends_a_section(trained, data_dir, tmp_path):
+    out, model = trained
+    results = tmp_path / "RESULTS.md"
+    code = (f"import runpy, sys; sys.path.insert(0, {str(SCRIPT.parent)!r}); import _report; "
+            f"_report.RESULTS = __import__('pathlib').Path({str(results)!r}); "
+            f"sys.argv = [{str(SCRIPT)!r}, '--ckpt', {str(out)!r}, '--val-batches', '2', '--save', "
+            + ", ".join(repr(a) for a in QUICK) + f"]; runpy.run_path({str(SCRIPT)!r}, run_name='__main__')")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "ATTNGPT_DATA_DIR": str(data_dir)}
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = table_rows(done.stdout)
+    assert list(rows) == NAMES
+    losses = {name: float(row[4]) for name, row in rows.items()}
+    assert all(0 < loss < 10 for loss in losses.values())
+    assert abs(losses["int8"] - losses["bfloat16"]) < 0.1  # 8-bit weights move a loss of ~4 nats very little
+    assert "val loss on the val split of" in done.stdout
+    saved = results.read_text()
+    assert saved.count("## Int8 decoding (sample.py --quantize)") == 1 and "- Command: `python benchmarks/int8_sample.py" in saved
+    assert re.search(r"\| int8-dynamic/float32 head int8 \| [\d.]+ \|", saved)

@@ -1,0 +1,197 @@
+"""model/quantize.py: per-channel int8 weights. The round trip keeps every weight within half its row's scale,
+Int8Linear computes what F.linear computes on the dequantized weight (and, in int8-dynamic, on the per-token
+dequantized activations), quantize_int8 replaces exactly the block matmuls (the head only when asked or measured
+faster), and what it cannot do is refused in one line before anything changes."""
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from common.errors import UserError
+from model import GPT, ModelConfig
+from model.quantize import Int8Linear, is_quantized, quantization_of, quantize_int8, quantize_per_channel, \
+    quantize_rows
+
+
+def tiny_gpt(tie: bool = True, d_model: int = 32, **overrides) -> GPT:
+    torch.manual_seed(0)
+    return GPT(ModelConfig(vocab_size=48, block_size=16, n_layer=2, n_head=4, n_kv_head=2, d_model=d_model,
+                           pos="rope", norm="rmsnorm", mlp="swiglu", tie_embeddings=tie, **overrides)).eval()
+
+
+weights = st.tuples(st.integers(1, 6), st.integers(1, 9)).flatmap(lambda shape: arrays(
+    np.float32, shape, elements=st.one_of(st.just(0.0), st.floats(-1e4, 1e4, width=32, allow_subnormal=False))))
+
+
+@settings(max_examples=150)
+@given(w=weights, zero_row=st.booleans(), bf16_scales=st.booleans())
+def test_round_trip_is_within_half_a_scale_per_row_and_zero_rows_stay_exact(w, zero_row, bf16_scales):
+    weight = torch.from_numpy(w.copy())
+    if zero_row:
+        weight[0] = 0.0
+    q, scales = quantize_per_channel(weight, scale_dtype=torch.bfloat16 if bf16_scales else torch.float32)
+    assert q.dtype == torch.int8 and q.shape == weight.shape and scales.shape == weight.shape[:1]
+    assert int(q.abs().max()) <= 127 and bool((scales > 0).all())
+    deq = q.double() * scales.double()[:, None]  # exact in float64
+    err = (deq - weight.double()).abs()
+    assert bool((err <= scales.double()[:, None] / 2 * (1 + 1e-6)).all()), (err, scales)
+    for row in range(weight.shape[0]):
+        if not bool(weight[row].any()):
+            assert not bool(q[row].any()) and not bool(deq[row].any())  # exactly zero again
+        elif float(weight[row].abs().max()) > 1e-30:  # the row's largest entry uses the whole int8 range (up to
+            # the bf16 scale's rounding up; a scale below float32's normal range has fewer bits to round with)
+            assert int(q[row].abs().max()) >= (126 if bf16_scales else 127)
+
+
+def test_per_token_activation_rounding_keeps_each_row_on_its_own_levels():
+    x = torch.tensor([[0.0, 0.0, 0.0], [-1.0, 0.5, 3.0], [1e-3, 2e-3, 4e-3]])
+    q, scales, zeros = quantize_rows(x)
+    assert q.dtype == torch.uint8 and scales.shape == (3, 1) and zeros.shape == (3, 1)
+    back = (q.float() - zeros) * scales
+    assert torch.equal(back[0], torch.zeros(3))  # a zero row stays zero
+    assert bool(((back - x).abs() <= scales * (1 + 1e-6)).all())  # at most one level of its own row
+    assert float(scales[2]) < 1e-4  # a row of small values is not flattened by a row of large ones
+
+
+def dynamic_bound(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """|y - x W^T| allowed when each activation row moves by up to one of its levels: s_x * sum_k |W_nk|,
+    (N, out) for x (N, in)."""
+    _, scales, _ = quantize_rows(x.reshape(-1, x.shape[-1]))
+    return scales * weight.abs().sum(dim=1)[None, :]
+
+
+@pytest.mark.parametrize("mode", ["int8", "int8-dynamic"])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(3, 32), (2, 5, 32), (1, 1, 32)])
+def test_forward_equals_f_linear_on_the_dequantized_weight(mode, bias, shape):
+    gen = torch.Generator().manual_seed(0)
+    linear = nn.Linear(32, 40, bias=bias)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(40, 32, generator=gen) * 0.1)
+        if bias:
+            linear.bias.copy_(torch.randn(40, generator=gen))
+    layer = Int8Linear.from_linear(linear, mode)
+    assert (layer.in_features, layer.out_features) == (32, 40)
+    weight = layer.weight.double()  # the dequantized weight, computed by the property
+    # q * s, rounded once to float32
+    torch.testing.assert_close(weight, layer.weight_int8.double() * layer.scales.double()[:, None], rtol=2 ** -23, atol=0)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(*shape, generator=gen).to(dtype)
+        with torch.no_grad():
+            y = layer(x)
+        assert y.shape == (*shape[:-1], 40) and y.dtype == dtype
+        # the independent reference: float64 F.linear on the dequantized weight
+        ref = F.linear(x.double(), weight, None if not bias else linear.bias.detach().double())
+        err = (y.double() - ref).reshape(-1, 40)
+        magnitude = (x.double().abs() @ weight.abs().T).reshape(-1, 40)  # sum_k |x_k W_nk|
+        # bfloat16 in and out: each product and the result rounded to 8 bits (2^-8 relative)
+        tolerance = 1e-5 * magnitude + 1e-5 if dtype == torch.float32 else 2 ** -7 * (magnitude + ref.abs().reshape(-1, 40))
+        if mode == "int8-dynamic":
+            tolerance = tolerance + dynamic_bound(x.float(), weight.float()).double()
+        assert bool((err.abs() <= tolerance + 1e-6).all()), (mode, dtype, float(err.abs().max()))
+
+
+def test_dynamic_mode_is_per_token_in_every_kernel():
+    """One row (oneDNN), several rows (torch._int_mm) and the plain-float reference give each row the numbers
+    of that row alone: a large row next to a small one does not coarsen the small one's levels."""
+    gen = torch.Generator().manual_seed(1)
+    linear = nn.Linear(32, 24, bias=False)
+    layer = Int8Linear.from_linear(linear, "int8-dynamic")
+    rows = torch.randn(4, 32, generator=gen)
+    rows[0] *= 1000.0  # a huge token beside small ones
+    with torch.no_grad():
+        together = layer(rows)  # (4, 24), the several-rows kernel
+        alone = torch.cat([layer(rows[i:i + 1]) for i in range(4)])  # the one-row kernel, each on its own
+    q, scales, zeros = quantize_rows(rows)
+    reference = F.linear((q.double() - zeros) * scales.double(), layer.weight.double())  # dequantized both sides
+    for y in (together, alone):
+        torch.testing.assert_close(y.double(), reference, rtol=1e-5, atol=1e-5)
+
+
+def test_the_weight_property_is_read_only_and_the_model_is_never_saved():
+    model = tiny_gpt()
+    quantize_int8(model, "int8", lm_head=True)
+    layer = model.blocks[0].attn.out_proj
+    with pytest.raises(AttributeError):
+        layer.weight = torch.zeros(32, 32)
+    with pytest.raises(KeyError):  # nn.Module's own refusal of a parameter over an attribute
+        layer.weight = nn.Parameter(torch.zeros(32, 32))
+    assert layer.weight.dtype == layer.scales.dtype == torch.float32
+    with pytest.raises(UserError, match="never saved"):
+        model.state_dict()
+    bf16 = tiny_gpt().to(torch.bfloat16)
+    quantize_int8(bf16, "int8", lm_head=False)
+    assert bf16.blocks[0].mlp.fc_in.weight.dtype == torch.bfloat16  # insight's matmuls run in the model's dtype
+
+
+def test_quantize_replaces_exactly_the_block_matmuls_and_the_head_only_when_asked():
+    for tie in (True, False):
+        for lm_head in (False, True):
+            model = tiny_gpt(tie=tie)
+            float_names = {name for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+            embedding = model.tok_emb.weight.detach().clone()
+            description = quantize_int8(model, "int8-dynamic", lm_head=lm_head)
+            int8_names = {name for name, m in model.named_modules() if isinstance(m, Int8Linear)}
+            expected = {f"blocks.{i}.{path}" for i in range(2)
+                        for path in ("attn.qkv_proj", "attn.out_proj", "mlp.fc_in", "mlp.fc_out")}
+            assert int8_names == expected | ({"lm_head"} if lm_head else set())
+            assert {name for name, m in model.named_modules() if isinstance(m, nn.Linear)} == float_names - int8_names
+            assert model.head_is_linear() is not lm_head
+            assert isinstance(model.tok_emb, nn.Embedding) and torch.equal(model.tok_emb.weight, embedding)
+            assert all(m.mode == "int8-dynamic" for m in model.modules() if isinstance(m, Int8Linear))
+            assert quantization_of(model) == description and "int8-dynamic" in description
+            assert ("LM head int8" in description) is lm_head
+            with torch.no_grad():  # logits through the int8 head (GPT.logits skips head_columns for it)
+                logits, _ = model(torch.tensor([[1, 2, 3]]), last_only=True)
+            assert logits.shape == (1, 1, 48) and bool(torch.isfinite(logits).all())
+
+
+@pytest.mark.parametrize("int8_faster", [True, False])
+def test_the_head_is_decided_by_measurement(monkeypatch, int8_faster):
+    """A clock of the test's own: every int8 head call costs 1 ms and every float head call 2 ms (or the
+    other way round); the faster measured kernel is kept, whichever it is."""
+    model = tiny_gpt()
+    clock = types.SimpleNamespace(now=0.0, int8_calls=0, float_calls=0)
+    int8_cost, float_cost = (1e-3, 2e-3) if int8_faster else (2e-3, 1e-3)
+    forward, logits = Int8Linear.forward, model.logits
+
+    def timed_int8(self, x):
+        if self.out_features == 48:  # the head candidate (the block matmuls are never timed)
+            clock.now += int8_cost
+            clock.int8_calls += 1
+        return forward(self, x)
+
+    def timed_float(x):
+        clock.now += float_cost
+        clock.float_calls += 1
+        return logits(x)
+
+    monkeypatch.setattr(Int8Linear, "forward", timed_int8)
+    monkeypatch.setattr(model, "logits", timed_float)
+    description = quantize_int8(model, "int8", clock=lambda: clock.now)
+    assert clock.int8_calls >= 3 and clock.float_calls >= 3  # both were measured
+    assert isinstance(model.lm_head, Int8Linear) is int8_faster
+    assert ("LM head int8" if int8_faster else "LM head float") in description and "measured" in description
+
+
+def test_what_quantize_cannot_do_is_refused_before_anything_changes():
+    with pytest.raises(UserError, match="int8-dynamic|int8 or"):
+        quantize_int8(tiny_gpt(), "int4")
+    odd = tiny_gpt(d_model=24)  # in_features 24: not a multiple of 16
+    with pytest.raises(UserError, match="blocks.0.attn.qkv_proj.*multiple of 16.*int8-dynamic"):
+        quantize_int8(odd, "int8")
+    assert not is_quantized(odd)  # refused before any layer was replaced
+    quantize_int8(odd, "int8-dynamic", lm_head=True)  # its kernels take any shape
+    with pytest.raises(UserError, match="already quantized"):
+        quantize_int8(odd, "int8-dynamic")
+    on_meta = tiny_gpt().to("meta")
+    with pytest.raises(UserError, match="CPU only.*--device cpu"):
+        quantize_int8(on_meta, "int8")
