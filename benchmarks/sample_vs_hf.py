@@ -52,7 +52,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import re
 import statistics
+import subprocess
+import sys
+import tempfile
 
 import torch
 
@@ -62,6 +67,7 @@ from common.device import resolve_device
 from common.errors import ArgumentParser, UserError, user_errors_exit
 from model import GPT, ModelConfig
 from model.generate import generate
+from model.packed import pack_linears
 from pretrained.hf.transformers_model import to_transformers
 from training.config import load_run_config
 
@@ -100,6 +106,34 @@ def runner(name: str, ours: GPT, theirs: torch.nn.Module, prompt: torch.Tensor, 
     return lambda: generate(ours, prompt, n_new, temperature=0.0, compile=compiled)
 
 
+CLI_RATE = re.compile(r"\[(\d+) tokens x 1 in [0-9.]+s: ([0-9.]+) tokens/s")  # sample.py's speed line
+
+
+def sample_py_rates(ours: GPT, prompt: torch.Tensor, n_new: int, dtype: torch.dtype, rounds: int) -> list[float]:
+    """tokens/s of `python sample.py` as a user runs it on these weights (greedy, its own speed line), one
+    process per round: the model saved to a temporary folder with a tokenizer of its vocabulary (GPT-2's BPE for
+    50304 tokens, else characters), the prompt the text of the prompt's ids."""
+    from data.tokenizer import CharTokenizer, TiktokenTokenizer
+    from pretrained.checkpoint import save_model
+    vocab = ours.config.vocab_size
+    tokenizer = TiktokenTokenizer("gpt2") if vocab >= 50257 else CharTokenizer("".join(chr(33 + i) for i in range(vocab)))
+    text = tokenizer.decode([int(t) % min(vocab, 50257) for t in prompt[0].tolist()])
+    rates = []
+    with tempfile.TemporaryDirectory() as folder:
+        save_model(ours, folder, extra={"tokenizer": tokenizer.to_json()})
+        for _ in range(rounds):
+            done = subprocess.run([sys.executable, str(_report.REPO / "sample.py"), "--ckpt", folder, "--prompt", text,
+                                   "--temperature", "0", "--max-new-tokens", str(n_new), "--dtype",
+                                   str(dtype).removeprefix("torch."), "--device", "cpu"],
+                                  capture_output=True, text=True, cwd=_report.REPO,
+                                  env={**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())})
+            found = CLI_RATE.search(done.stderr)
+            if done.returncode != 0 or found is None:
+                raise UserError(f"sample.py failed (exit {done.returncode}): {done.stderr.strip()[-400:]}")
+            rates.append(float(found.group(2)))
+    return rates
+
+
 @dataclasses.dataclass
 class Measured:
     """One shape and length of a run: its speeds and the limits they are set against."""
@@ -110,7 +144,10 @@ class Measured:
     compile_s: float  # the first compiled call (compile + generation)
     mean_context: float  # cache slots a decode step attends over, on average
     bytes_per_token: _limits.DecodeBytes  # what one decode step reads
-    floor_s: float  # seconds of one pass of the model's matmuls alone (_limits.matmul_floor_seconds)
+    floor_s: float  # seconds of one pass of the model's matmuls alone, on its own kernels (_limits.matmul_floor_seconds)
+    linear_floor_s: float  # the same with torch's F.linear on the weights as stored, before any packing
+    pack_note: str | None  # what model.packed.pack_linears timed and chose
+    cli_rate: float | None = None  # sample.py as a user runs it, median tokens/s (--through-sample-py)
 
 
 def agreeing_prefix(a: torch.Tensor, b: torch.Tensor, prompt_tokens: int) -> int:
@@ -122,6 +159,8 @@ def agreeing_prefix(a: torch.Tensor, b: torch.Tensor, prompt_tokens: int) -> int
 def measure(shape: str, n_new: int, args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> Measured:
     """Time the variants of one shape and length (interleaved rounds), and the limits of its decode step."""
     ours, theirs = build(SHAPES[shape], device, dtype)
+    linear_floor_s = _limits.matmul_floor_seconds(ours)  # torch's F.linear on the weights as stored
+    pack_note = pack_linears(ours) if device.type == "cpu" else None  # as sample.py does: where it times faster
     prompt = torch.randint(0, SHAPES[shape].vocab_size, (1, args.prompt),
                            generator=torch.Generator().manual_seed(1)).to(device)
     runs = {name: runner(name, ours, theirs, prompt, n_new) for name in VARIANTS}
@@ -142,15 +181,18 @@ def measure(shape: str, n_new: int, args: argparse.Namespace, device: torch.devi
         print(f"  {shape} {n_new} new tokens, round {r + 1}: "
               + ", ".join(f"{n} {n_new / seconds[n][-1]:.1f} tok/s" for n in VARIANTS), flush=True)
     rate = {name: n_new / statistics.median(s) for name, s in seconds.items()}
-    return Measured(shape, n_new, rate, agreement, compile_s, mean_context, bytes_per_token, floor_s)
+    cli_rate = (statistics.median(sample_py_rates(ours, prompt, n_new, dtype, args.rounds))
+                if args.through_sample_py and device.type == "cpu" else None)
+    return Measured(shape, n_new, rate, agreement, compile_s, mean_context, bytes_per_token, floor_s, linear_floor_s,
+                    pack_note, cli_rate)
 
 
 SPEED_HEADER = ["| shape | new tokens | attngpt tok/s | attngpt compiled tok/s | HF generate tok/s | attngpt / HF "
                 "| compiled / HF | same greedy tokens |", "|---|---:|---:|---:|---:|---:|---:|---|"]
 LIMITS_HEADER = ["| shape | new tokens | mean context | bytes/token: weights + KV cache | bandwidth bound tok/s "
-                 "| matmul floor tok/s | attngpt % of bound | compiled % of bound | HF % of bound "
-                 "| attngpt % of floor | compiled % of floor | HF % of floor |",
-                 "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                 "| F.linear floor tok/s | matmul floor tok/s | attngpt % of bound | compiled % of bound | HF % of bound "
+                 "| attngpt % of F.linear floor | attngpt % of floor | compiled % of floor | HF % of floor |",
+                 "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
 
 def speed_row(m: Measured) -> str:
@@ -159,14 +201,28 @@ def speed_row(m: Measured) -> str:
             f"{rate['attngpt'] / rate['hf']:.2f}x | {rate['attngpt-compiled'] / rate['hf']:.2f}x | {m.agreement} |")
 
 
+CLI_HEADER = ["| shape | new tokens | sample.py tok/s | sample.py / HF generate | % of F.linear floor | % of matmul floor "
+              "| % of bandwidth bound |", "|---|---:|---:|---:|---:|---:|---:|"]
+
+
+def cli_row(m: Measured, bandwidth: float) -> str:
+    """sample.py as a user runs it, against HF generate of the same run and the limits."""
+    total = m.bytes_per_token.total
+    bound, floor = _limits.fractions_reached(m.cli_rate, bandwidth, total, m.floor_s)
+    linear = _limits.fractions_reached(m.cli_rate, bandwidth, total, m.linear_floor_s)[1]
+    return (f"| {m.shape} | {m.n_new} | {m.cli_rate:.1f} | {m.cli_rate / m.rate['hf']:.2f}x | {linear:.1f}% | "
+            f"{floor:.1f}% | {bound:.1f}% |")
+
+
 def limits_row(m: Measured, bandwidth: float) -> str:
     """The limits of one shape and length, and the percent of each that every variant reached."""
     b = m.bytes_per_token
     reached = {name: _limits.fractions_reached(m.rate[name], bandwidth, b.total, m.floor_s) for name in VARIANTS}
+    of_linear_floor = _limits.fractions_reached(m.rate["attngpt"], bandwidth, b.total, m.linear_floor_s)[1]
     weights_mb = (b.matmul_weights + b.other_weights) / 1e6
     return (f"| {m.shape} | {m.n_new} | {m.mean_context:g} | {b.total / 1e6:.3f} MB: {weights_mb:.3f} + "
-            f"{b.kv_cache / 1e6:.3f} | {bandwidth / b.total:.1f} | {1 / m.floor_s:.1f} | "
-            + " | ".join(f"{reached[name][0]:.1f}%" for name in VARIANTS) + " | "
+            f"{b.kv_cache / 1e6:.3f} | {bandwidth / b.total:.1f} | {1 / m.linear_floor_s:.1f} | {1 / m.floor_s:.1f} | "
+            + " | ".join(f"{reached[name][0]:.1f}%" for name in VARIANTS) + f" | {of_linear_floor:.1f}% | "
             + " | ".join(f"{reached[name][1]:.1f}%" for name in VARIANTS) + " |")
 
 
@@ -179,6 +235,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads on a CPU (default 1)")
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or auto")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--through-sample-py", action="store_true",
+                        help="also run `python sample.py` on the same weights, --rounds processes, and report its own "
+                             "tokens/s line (CPU)")
     _report.save_flags(parser)
     args = parser.parse_args()
     with user_errors_exit("sample_vs_hf"):
@@ -217,16 +276,25 @@ def main() -> None:
         notes = [f"transformers {transformers.__version__}, attn_implementation sdpa, default dynamic cache; "
                  f"{args.dtype} on {device.type}; prompt {args.prompt} tokens; greedy; batch 1; "
                  f"{args.rounds} interleaved rounds, median; tok/s includes the prefill.",
+                 "Matmul weights (model.packed.pack_linears, as sample.py decides): "
+                 + "; ".join(f"{m.shape}/{m.n_new}: {m.pack_note}" for m in measured),
                  "First compiled call (compile + generation, excluded from the timing): "
                  + ", ".join(f"{m.shape}/{m.n_new}: {m.compile_s:.1f} s" for m in measured),
                  bandwidth_note,
                  "Limits (module docstring): bytes/token = every matmul weight, norm and embedding row as stored "
                  f"({args.dtype}) + the KV cache at the mean context; bandwidth bound = bandwidth / bytes per "
-                 "token; matmul floor = 1 / the time of the model's own matmul modules alone at batch 1 (LM head "
-                 "as its decode runs it), best of 5; % = a variant's tok/s over the limit."]
-        print("\n".join(["", *notes, "", *speed, "", *limits]))
+                 "token; F.linear floor = 1 / the time of torch's F.linear over the weights as stored, alone, at batch 1; "
+                 "matmul floor = the same over the model's own matmul modules (prepacked where sample.py packs "
+                 "them; LM head as its decode runs it), best of 5; % = a variant's tok/s over the limit."]
+        cli = [*CLI_HEADER, *(cli_row(m, bandwidth) for m in measured)] if any(
+            m.cli_rate is not None for m in measured) else []
+        if cli:
+            notes.append("sample.py: `python sample.py --ckpt TMP --prompt TEXT --temperature 0 --max-new-tokens N "
+                         f"--dtype {args.dtype}` on the same weights, one process per round, its own tokens/s line "
+                         "(generation only, prefill included), median.")
+        print("\n".join(["", *notes, "", *speed, "", *limits, *([""] + cli if cli else [])]))
         _report.save(args, "Sampling vs Hugging Face generate, identical weights", machine_line, "sample_vs_hf.py",
-                     *[f"- {n}" for n in notes], "", *speed, "", *limits, "")
+                     *[f"- {n}" for n in notes], "", *speed, "", *limits, *([""] + cli if cli else []), "")
 
 
 if __name__ == "__main__":

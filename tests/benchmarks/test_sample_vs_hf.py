@@ -92,13 +92,21 @@ def test_fractions_are_tokens_per_s_over_each_limit():
     assert _limits.fractions_reached(50.0, 10e9, 100e6, 0.004) == pytest.approx((50.0, 20.0))
     measured = sample_vs_hf.Measured(
         shape="small", n_new=4, rate={"attngpt": 50.0, "attngpt-compiled": 80.0, "hf": 25.0}, agreement="yes",
-        compile_s=1.0, mean_context=34.5, bytes_per_token=_limits.DecodeBytes(90_000_000, 0, 10e6), floor_s=0.004)
+        compile_s=1.0, mean_context=34.5, bytes_per_token=_limits.DecodeBytes(90_000_000, 0, 10e6), floor_s=0.004,
+        linear_floor_s=0.005, pack_note=None, cli_rate=40.0)
     cells = [c.strip() for c in sample_vs_hf.limits_row(measured, 10e9).strip("|").split("|")]
     header = [c.strip() for c in sample_vs_hf.LIMITS_HEADER[0].strip("|").split("|")]
     row = dict(zip(header, cells, strict=True))
     assert row["bandwidth bound tok/s"] == "100.0" and row["matmul floor tok/s"] == "250.0"
     assert [row[f"{v} % of bound"] for v in ("attngpt", "compiled", "HF")] == ["50.0%", "80.0%", "25.0%"]
     assert [row[f"{v} % of floor"] for v in ("attngpt", "compiled", "HF")] == ["20.0%", "32.0%", "10.0%"]
+    # F.linear floor: 1 / 0.005 s = 200 tok/s, of which attngpt's 50 is 25%
+    assert row["F.linear floor tok/s"] == "200.0" and row["attngpt % of F.linear floor"] == "25.0%"
+    cli_cells = [c.strip() for c in sample_vs_hf.cli_row(measured, 10e9).strip("|").split("|")]
+    cli = dict(zip([c.strip() for c in sample_vs_hf.CLI_HEADER[0].strip("|").split("|")], cli_cells, strict=True))
+    assert cli["sample.py tok/s"] == "40.0" and cli["sample.py / HF generate"] == "1.60x"
+    assert [cli["% of F.linear floor"], cli["% of matmul floor"], cli["% of bandwidth bound"]] == ["20.0%", "16.0%",
+                                                                                                 "40.0%"]
 
 
 def test_bandwidth_of_a_small_buffer_is_a_positive_number():
@@ -148,21 +156,25 @@ def run_script(*args: str, results=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600)
 
 
-def limits_rows(text: str) -> tuple[str, str]:
-    """(the speed row, the limits row) of the small shape's 4 new tokens in printed or saved text."""
+def limits_rows(text: str, through_sample_py: bool = False) -> tuple[str, str]:
+    """(the speed row, the limits row) of the small shape's 4 new tokens in printed or saved text (and a third,
+    sample.py's own, with --through-sample-py)."""
     rows = [line for line in text.splitlines() if line.startswith("| small | 4 |")]
-    assert len(rows) == 2, text
+    assert len(rows) == (3 if through_sample_py else 2), text
     assert sample_vs_hf.LIMITS_HEADER[0] in text
-    assert rows[1].count("%") == 6  # each variant's percent of the bandwidth bound and of the matmul floor
+    # each variant's percent of the bandwidth bound and of the matmul floor, and attngpt's of F.linear's floor
+    assert rows[1].count("%") == 7
+    if through_sample_py:
+        assert sample_vs_hf.CLI_HEADER[0] in text and rows[2].count("%") == 3
     return rows[0], rows[1]
 
 
 @pytest.mark.slow
 def test_the_script_prints_the_limits_beside_the_speeds():
-    done = run_script()
+    done = run_script("--through-sample-py")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Memory bandwidth" in done.stdout and "avx512_bf16" in done.stdout
-    speed, _ = limits_rows(done.stdout)
+    speed, _ = limits_rows(done.stdout, through_sample_py=True)
     assert speed.endswith("| yes |")  # float32: the same greedy tokens
 
 
