@@ -36,10 +36,12 @@ Two modes, both with these weights:
 Measured on the development machine (2 threads, GPT-2 small's 49 matmuls at batch 1: 12 layers of 768-wide
 qkv/out/fc_in/fc_out and the 50304 x 768 head): bfloat16 F.linear 25 ms, bfloat16 oneDNN-prepacked 14 ms,
 _weight_int8pack_mm 11.7 ms, oneDNN qlinear_pointwise (uint8 activations, per-tensor scale) 8.5 ms, torch._int_mm
-at one row 12 ms.
+at one row 12 ms. So at one row these int8 kernels are not limited by memory (11.7 ms for 124 MB is ~11 GB/s):
+whole decode steps through model.generate, `int8` 16.25 ms a token against 19.10 for bfloat16 on prepacked weights
+(model/packed.py), 1.18x (benchmarks/RESULTS.md).
 
 The LM head (`quantize_int8(lm_head=None)`): the float head of a CPU decode step already streams a column-major
-copy (GPT.logits), so whether int8 beats it depends on the machine; it is decided by timing both on one row when
+copy (GPT.logits) or a oneDNN-packed one (model/packed.py), so whether int8 beats it depends on the machine; it is decided by timing both on one row when
 quantizing (a few interleaved calls each, the faster kept), never by a constant. A tied head becomes an Int8Linear
 of its own (the embedding table stays float).
 

@@ -130,3 +130,18 @@ def test_the_compiled_decode_step_gets_the_same_check():
     raises_naming("layer 1's output", lambda: generate(
         model, torch.zeros(1, 3, dtype=torch.long), 4, temperature=0, compile=True, on_token=grow))
     assert len(drawn) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.float64]),
+       values=st.lists(st.sampled_from(["max", "-max", "tiny", "zero", "inf", "-inf", "nan", "one"]),
+                       min_size=1, max_size=40))
+def test_the_one_reduction_check_agrees_with_isfinite_entry_by_entry(dtype, values):
+    """GPT._check_finite's test (model.gpt._all_finite, one float64 sum) says 'finite' exactly when every entry is:
+    the largest finite numbers of the dtype side by side do not overflow it, and inf + (-inf) still fails."""
+    from model.gpt import _all_finite
+    info = torch.finfo(dtype)
+    table = {"max": info.max, "-max": -info.max, "tiny": info.tiny, "zero": 0.0, "inf": float("inf"),
+             "-inf": float("-inf"), "nan": float("nan"), "one": 1.0}
+    x = torch.tensor([table[v] for v in values], dtype=dtype).reshape(1, 1, -1)
+    assert _all_finite(x) == bool(torch.isfinite(x).all())
