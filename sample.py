@@ -187,7 +187,8 @@ def run(args: argparse.Namespace) -> int:
         quantized = quantize_int8(model, args.quantize)  # in place; the LM head by measurement
         print(f"quantized: {quantized}", file=sys.stderr)
     # what generating allocates, checked before any of it is: N samples at once can need far more than the model
-    needed = param_count(cfg) * dtype.itemsize + generation_bytes(
+    weight_bytes = param_count(cfg) * dtype.itemsize
+    needed = weight_bytes + generation_bytes(
         cfg, args.num_samples, len(ids), args.max_new_tokens, dtype.itemsize, kv_cache=not args.no_kv_cache)
     if needed > (available := device_memory(device)):
         what = ("the model and its KV cache" if not args.no_kv_cache
@@ -195,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"not enough memory on {device} for {args.num_samples} sample(s) at once: {what} would "
                         f"need at least {human_bytes(needed)}, the device has {human_bytes(available)}: "
                         f"lower --num-samples or --max-new-tokens")
-    if device.type == "cpu" and needed + param_count(cfg) * dtype.itemsize <= available:
+    if device.type == "cpu" and needed + weight_bytes <= available:
         pack_linears(model)  # a second copy of the weights in oneDNN's layout, kept where it times faster
     idx = torch.tensor([ids], dtype=torch.long, device=device)
 

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from model.gpt import GPT
 from model.packed import PackedLinear
+from model.timing import best_seconds
 
 # The least a compile of the decode step has cost on a CPU here: small.yaml's 3-layer step with a warm inductor
 # cache, 6.2 s (23 s cold; GPT-2 small's 12 layers 27 s cold: benchmarks/RESULTS.md). A lower bound on what the
@@ -221,27 +222,16 @@ def compiled_matmul_seconds(model: GPT, batch_size: int, clock: Callable[[], flo
     cannot run oneDNN's packed layout), the module itself otherwise (int8, model/quantize.py); the LM head as
     x @ head_columns, or its own module."""
     weight = model.tok_emb.weight
-    layers = [m for block in model.blocks
-              for m in (block.attn.qkv_proj, block.attn.out_proj, block.mlp.fc_in, block.mlp.fc_out)]
+    layers = [getattr(parent, attr) for _, parent, attr in model.matmul_slots()]  # the LM head last
     rows = {m.in_features: torch.randn(batch_size, 1, m.in_features, dtype=weight.dtype, device=weight.device)
-            for m in [*layers, model.lm_head]}
+            for m in layers}
     calls = [(lambda m=m: F.linear(rows[m.in_features], m.weight, m.bias)) if isinstance(m, (nn.Linear, PackedLinear))
-             else (lambda m=m: m(rows[m.in_features])) for m in layers]
+             else (lambda m=m: m(rows[m.in_features])) for m in layers[:-1]]
     head_input = rows[model.lm_head.in_features]
     if model.head_is_linear():
         head = model.head_columns()  # (d_model, vocab_size)
         calls.append(lambda: head_input @ head)
     else:
         calls.append(lambda: model.lm_head(head_input))
-
-    def matmuls() -> None:
-        for call in calls:
-            call()
-
-    matmuls()
-    best = float("inf")
-    for _ in range(TIMED_STEPS):
-        t0 = clock()
-        matmuls()
-        best = min(best, clock() - t0)
-    return best
+    return best_seconds({"matmuls": lambda: [call() for call in calls]}, rounds=TIMED_STEPS, calls=1,
+                        clock=clock)["matmuls"]

@@ -371,6 +371,7 @@ def _all_finite(x: torch.Tensor) -> bool:
     return bool(torch.isfinite(x.sum(dtype=torch.float64)))
 
 
+BLOCK_MATMULS = ("attn.qkv_proj", "attn.out_proj", "mlp.fc_in", "mlp.fc_out")  # each block's matmul layers, in order
 HEAD_COLUMNS_MAX_ROWS = 8  # up to this many rows (decode steps of small batches) use GPT.head_columns on a CPU
 
 
@@ -570,6 +571,14 @@ class GPT(nn.Module):
                 and x.shape[:-1].numel() <= HEAD_COLUMNS_MAX_ROWS and isinstance(self.lm_head, nn.Linear):
             return x @ self.head_columns()
         return self.lm_head(x)
+
+    def matmul_slots(self) -> list[tuple[str, nn.Module, str]]:
+        """Where each matmul layer a forward pass runs sits, in the order it runs them: (dotted name, parent module,
+        attribute), each block's BLOCK_MATMULS, then the LM head. For code that swaps such a layer for one of the
+        same interface (model/packed.py, model/quantize.py) or times them (model/generate.py)."""
+        slots = [(f"blocks.{i}.{path}", block.get_submodule(path.split(".")[0]), path.split(".")[1])
+                 for i, block in enumerate(self.blocks) for path in BLOCK_MATMULS]
+        return slots + [("lm_head", self, "lm_head")]
 
     def head_is_linear(self) -> bool:
         """Whether the LM head multiplies by a float weight that head_columns() can copy (what compiled decoding

@@ -26,9 +26,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-PACKABLE = ("qkv_proj", "out_proj", "fc_in", "fc_out")  # each block's matmuls, by module name; and the LM head
-TIMING_CALLS = 5  # calls per kernel per round when pack_linears times a layer; rounds interleave the two kernels
-TIMING_ROUNDS = 5  # the best round of each counts: a timing must survive other processes sharing the cores
+from model.timing import best_seconds
+
 
 
 def onednn_available() -> bool:
@@ -73,36 +72,20 @@ class PackedLinear(nn.Module):
 
 
 def packable_linears(model: nn.Module) -> list[tuple[nn.Module, str]]:
-    """(parent module, attribute name) of every nn.Linear pack_linears may replace: each block's q|k|v, out, MLP
-    in and out projections, and the LM head."""
-    found = [(module, name) for module in model.modules() for name in PACKABLE
-             if isinstance(getattr(module, name, None), nn.Linear)]
-    if isinstance(getattr(model, "lm_head", None), nn.Linear):
-        found.append((model, "lm_head"))
-    return found
-
-
-def seconds_per_call(fn: Callable[[], object], clock: Callable[[], float] = time.perf_counter) -> float:
-    """The best of TIMING_ROUNDS rounds of TIMING_CALLS calls of fn, per call, after one warm-up call."""
-    fn()
-    best = float("inf")
-    for _ in range(TIMING_ROUNDS):
-        t0 = clock()
-        for _ in range(TIMING_CALLS):
-            fn()
-        best = min(best, (clock() - t0) / TIMING_CALLS)
-    return best
+    """(parent module, attribute name) of every nn.Linear pack_linears may replace: the matmul layers of
+    GPT.matmul_slots (each block's q|k|v, out, MLP in and out projections, and the LM head)."""
+    return [(parent, attr) for _, parent, attr in model.matmul_slots() if isinstance(getattr(parent, attr), nn.Linear)]
 
 
 def time_both_ways(linear: nn.Linear, clock: Callable[[], float] = time.perf_counter) -> tuple[float, float]:
-    """Seconds per call of `linear` on one row, (F.linear, the packed kernel): one layer stands for all, each
-    block's matmuls being of the same few shapes."""
+    """Seconds per call of `linear` on one row, (F.linear, the packed kernel), in interleaved rounds
+    (model/timing.py): one layer stands for all, each block's matmuls being of the same few shapes."""
     x = torch.randn(1, 1, linear.in_features, dtype=linear.weight.dtype)
     packed = PackedLinear(linear)
     with torch.no_grad():
-        plain_s = seconds_per_call(lambda: F.linear(x, linear.weight, linear.bias), clock)
-        packed_s = seconds_per_call(lambda: packed(x), clock)
-    return plain_s, packed_s
+        seconds = best_seconds({"plain": lambda: F.linear(x, linear.weight, linear.bias), "packed": lambda: packed(x)},
+                               clock=clock)
+    return seconds["plain"], seconds["packed"]
 
 
 def pack_linears(model: nn.Module, force: bool | None = None,

@@ -52,7 +52,6 @@ dequantized weight, in the scales' dtype: the numbers that run.
 """
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Callable
 
@@ -61,14 +60,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from common.errors import UserError
+from model.timing import best_seconds
 
 QUANTIZE_MODES = ("int8", "int8-dynamic")
 MODE_TEXT = {"int8": "int8 weights, bfloat16 activations",
              "int8-dynamic": "int8 weights, int8 activations quantized per token at run time"}
 INT8_MAX = 127  # symmetric: -127..127, so that -W quantizes to exactly -q
 KERNEL_IN_MULTIPLE = 16  # _weight_int8pack_mm's AVX-512 loop reads rows 16 values at a time, no tail
-BLOCK_LINEARS = ("attn.qkv_proj", "attn.out_proj", "mlp.fc_in", "mlp.fc_out")
-HEAD_TIMING_ROUNDS = 5  # interleaved rounds of HEAD_TIMING_CALLS calls of each head kernel, after a warm-up
+HEAD_TIMING_ROUNDS = 5  # interleaved rounds of HEAD_TIMING_CALLS calls of each head kernel (model/timing.py)
 HEAD_TIMING_CALLS = 3
 
 
@@ -198,24 +197,15 @@ def quantization_of(model: nn.Module) -> str | None:
 
 
 def _head_seconds(model: nn.Module, candidate: Int8Linear, clock: Callable[[], float]) -> tuple[float, float]:
-    """(float head, int8 head) median seconds per call on one row (1, 1, d_model) in the model's dtype: the
-    float one as a decode step runs it (GPT.logits: on a CPU the column-major head), interleaved rounds after
-    a warm-up, so a slow spell of the machine falls on both."""
+    """(float head, int8 head) seconds per call on one row (1, 1, d_model) in the model's dtype: the float one as
+    a decode step runs it (GPT.logits: on a CPU the column-major head), in interleaved rounds (model/timing.py)."""
     row = torch.randn(1, 1, candidate.in_features, generator=torch.Generator().manual_seed(0)).to(
         device=model.tok_emb.weight.device, dtype=model.tok_emb.weight.dtype)
-    kernels = {"float": lambda: model.logits(row), "int8": lambda: candidate(row)}
-    seconds: dict[str, list[float]] = {name: [] for name in kernels}
     with torch.no_grad():
-        for run in kernels.values():  # warm-up: the column-major copy is made, oneDNN picks its kernel
-            run()
-            run()
-        for _ in range(HEAD_TIMING_ROUNDS):
-            for name, run in kernels.items():
-                start = clock()
-                for _ in range(HEAD_TIMING_CALLS):
-                    run()
-                seconds[name].append((clock() - start) / HEAD_TIMING_CALLS)
-    return statistics.median(seconds["float"]), statistics.median(seconds["int8"])
+        model.logits(row)  # a first call makes the column-major copy, outside the warm-up best_seconds times
+        seconds = best_seconds({"float": lambda: model.logits(row), "int8": lambda: candidate(row)},
+                               rounds=HEAD_TIMING_ROUNDS, calls=HEAD_TIMING_CALLS, clock=clock)
+    return seconds["float"], seconds["int8"]
 
 
 def quantize_int8(model: nn.Module, mode: str = "int8", lm_head: bool | None = None,
@@ -233,8 +223,7 @@ def quantize_int8(model: nn.Module, mode: str = "int8", lm_head: bool | None = N
                         f"the model is on {device}: drop --quantize, or use --device cpu")
     if is_quantized(model):
         raise UserError("the model is already quantized: quantize a float model once")
-    targets = [(f"blocks.{i}.{path}", block.get_submodule(path.rsplit(".", 1)[0]), path.rsplit(".", 1)[1])
-               for i, block in enumerate(model.blocks) for path in BLOCK_LINEARS]
+    targets = model.matmul_slots()[:-1]  # each block's four; the LM head is the last slot
     head_possible = lm_head is not False and isinstance(model.lm_head, nn.Linear)
     checked = targets + ([("lm_head", model, "lm_head")] if head_possible else [])
     for name, parent, attr in checked:  # every layer checked before any is replaced (or allocated)
