@@ -15,6 +15,12 @@ machine (its config.yaml names it; nothing is prepared here).
 
     python benchmarks/int8_sample.py --ckpt runs/small [--new-tokens 128] [--prompt 32] [--rounds 3]
     python benchmarks/int8_sample.py --shape gpt2-124m [--threads 2] [--save]
+    python benchmarks/int8_sample.py --shape gpt2-124m --kernels [--save]
+
+--kernels times, instead, the matmul kernels alone at one row (1, d_model): every block matmul of the shape as a
+separate weight of its own, called in turn as a decode step calls them (so that they stream from memory, not
+from cache), and the LM head on its own; per kernel the median over --rounds interleaved rounds, and the
+weights' bytes read per second.
 
 --ckpt takes what sample.py's --ckpt takes (a run's out_dir, a checkpoint folder, a Hugging Face folder or hub
 id); --shape a random model of sample_vs_hf.py's SHAPES (gpt2, llama, gpt2-124m, small), seeded: its greedy
@@ -24,6 +30,7 @@ benchmarks/RESULTS.md.
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +41,8 @@ import _report
 from common.errors import ArgumentParser, UserError, user_errors_exit
 from model import GPT
 from model.generate import generate
-from model.packed import is_packed, pack_linears
-from model.quantize import quantize_int8
+from model.packed import PackedLinear, is_packed, onednn_available, pack_linears
+from model.quantize import Int8Linear, quantize_int8
 
 
 @dataclass(frozen=True)
@@ -125,6 +132,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
     parser.add_argument("--val-batches", type=int, default=4, help="val batches for the loss (0: none)")
     parser.add_argument("--val-batch-size", type=int, default=4)
+    parser.add_argument("--kernels", action="store_true", help="time the matmul kernels alone at one row instead")
     parser.add_argument("--save", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
     with user_errors_exit("int8_sample"):
@@ -141,6 +149,8 @@ def main() -> None:
             raise UserError(f"--agree must be in 1..--new-tokens ({args.new_tokens}), got {agree}")
         torch.set_num_threads(args.threads)
         build, label, prepared, val_note = model_source(args)
+        if args.kernels:
+            return kernel_report(build, label, args)
         rows = run_variants(build, prepared, args, agree)
         machine_line = _report.machine(torch_threads=True, extra=[
             _report.cpu_bf16_support() + ", " + _report.flag_list(("avx512_vnni", "amx_int8"))])
@@ -149,13 +159,13 @@ def main() -> None:
                  f"rounds; agreement over the first {agree} new tokens against float32's",
                  val_note + (f" ({args.val_batches} batches of {args.val_batch_size}, the same for every variant)"
                              if prepared is not None and args.val_batches else "")]
-        table = ["| variant | ms/token | vs float32 | greedy agreement | first difference | val loss |",
-                 "|---|---:|---:|---:|---:|---:|"]
-        base = rows[0]["ms"]
+        table = ["| variant | ms/token | vs float32 | vs bfloat16 | greedy agreement | first difference | val loss |",
+                 "|---|---:|---:|---:|---:|---:|---:|"]
+        base, bf16 = rows[0]["ms"], rows[1]["ms"]
         for row in rows:
             loss = f"{row['loss']:.4f}" if row["loss"] is not None else "-"
-            table.append(f"| {row['name']} | {row['ms']:.2f} | {base / row['ms']:.2f}x | {row['agree']:.3f} | "
-                         f"{row['first']} | {loss} |")
+            table.append(f"| {row['name']} | {row['ms']:.2f} | {base / row['ms']:.2f}x | {bf16 / row['ms']:.2f}x | "
+                         f"{row['agree']:.3f} | {row['first']} | {loss} |")
         for row in rows:
             if row["description"]:
                 notes.append(f"{row['name']}: {row['description']}")
@@ -163,6 +173,51 @@ def main() -> None:
         if args.save:
             _report.save(argparse.Namespace(no_save=False), "Int8 decoding (sample.py --quantize)", machine_line,
                          "int8_sample.py", *[f"- {n}" for n in notes], "", *table, "")
+
+
+def kernel_report(build, label: str, args: argparse.Namespace) -> None:
+    """The --kernels table: each kernel over all the block matmuls in turn, and over the LM head, at one row."""
+    model = build(torch.float32)
+    blocks = [getattr(parent, attr) for _, parent, attr in model.matmul_slots()[:-1]]  # nn.Linear each
+    head = model.lm_head
+    kernels = {  # name -> (activation dtype, make one layer's module from an nn.Linear)
+        "bfloat16 F.linear": (torch.bfloat16, lambda lin: copy.deepcopy(lin).to(torch.bfloat16)),
+        "bfloat16 oneDNN-packed": (torch.bfloat16, lambda lin: PackedLinear(copy.deepcopy(lin).to(torch.bfloat16))),
+        "int8 (_weight_int8pack_mm)": (torch.bfloat16, lambda lin: Int8Linear.from_linear(lin, "int8")),
+        "int8-dynamic (one-row kernel)": (torch.float32, lambda lin: Int8Linear.from_linear(lin, "int8-dynamic")),
+    }
+    if not onednn_available():
+        del kernels["bfloat16 oneDNN-packed"]
+    table = ["| kernel | block matmuls ms | GB/s | LM head ms | GB/s |", "|---|---:|---:|---:|---:|"]
+    for name, (dtype, make) in kernels.items():
+        with torch.no_grad():
+            layers = [make(lin).eval() for lin in blocks]
+            head_layer = make(head).eval()
+            rows = [torch.randn(1, lin.in_features, generator=torch.Generator().manual_seed(i)).to(dtype)
+                    for i, lin in enumerate(blocks)]
+            head_row = rows[0][:, :head.in_features]
+            seconds = _report.interleaved({"blocks": lambda: [layer(x) for layer, x in zip(layers, rows)],
+                                           "head": lambda: head_layer(head_row)}, rounds=args.rounds, calls=3,
+                                          warmup=2)
+        block_bytes = sum(weight_bytes(layer) for layer in layers)
+        table.append(f"| {name} | {seconds['blocks'] * 1e3:.2f} | {block_bytes / seconds['blocks'] / 1e9:.1f} | "
+                     f"{seconds['head'] * 1e3:.2f} | {weight_bytes(head_layer) / seconds['head'] / 1e9:.1f} |")
+    machine_line = _report.machine(torch_threads=True, extra=[
+        _report.cpu_bf16_support() + ", " + _report.flag_list(("avx512_vnni", "amx_int8"))])
+    notes = [f"{label}: {len(blocks)} block matmuls, each its own weight, called in turn at one row (1, in), and "
+             f"the {head.out_features} x {head.in_features} LM head; median of {args.rounds} interleaved rounds of 3 "
+             f"calls; GB/s = the weights' bytes as the kernel stores them (int8: 1 a weight plus the scales) / time"]
+    print("\n".join([machine_line, "", *notes, "", *table]))
+    if args.save:
+        _report.save(argparse.Namespace(no_save=False), "Int8 matmul kernels at one row", machine_line,
+                     "int8_sample.py", *[f"- {n}" for n in notes], "", *table, "")
+
+
+def weight_bytes(layer: torch.nn.Module) -> int:
+    """Bytes of a layer's weights as its kernel reads them: int8 values and scales, or the float weight."""
+    if isinstance(layer, Int8Linear):
+        return layer.weight_int8.numel() + layer.scales.numel() * layer.scales.element_size()
+    return layer.weight.numel() * layer.weight.element_size()
 
 
 def run_variants(build, prepared, args: argparse.Namespace, agree: int) -> list[dict]:

@@ -26,19 +26,24 @@ Two modes, both with these weights:
                    one of 256 levels of its own token's range (an error up to one level, s_x = range / 255, per
                    entry; within s_x / 2 except at the range's edges), so y_n differs from the weight-only result
                    by at most s_x * sum_k |q_nk s_n|. Kernels: one row (a batch-1 decode step, where a per-tensor
-                   scale *is* the per-token scale) goes to oneDNN's x86 int8 matmul (torch.ops.onednn.qlinear_
-                   pointwise on a weight packed once by qlinear_prepack); several rows (a prefill, a batch), code
-                   being compiled (Inductor lowers qlinear only on frozen constants) or a build without oneDNN go
-                   to torch._int_mm on the uint8 rows and the int8 weight, with each row's scale and zero point
-                   applied after: y = s_x * s_n * (sum_k q_x,k q_nk - z_x sum_k q_nk), exact in int32. Both give
-                   per-token numbers (the oneDNN kernel rounds the final float products differently).
+                   scale *is* the per-token scale) goes to FBGEMM's dynamic int8 linear (torch.ops.quantized.
+                   linear_dynamic on a weight packed once by linear_prepack: the row's quantization, over the same
+                   256 levels of [min(row, 0), max(row, 0)], and the integer product in one call), or where this
+                   torch has no FBGEMM to oneDNN's x86 int8 matmul (torch.ops.onednn.qlinear_pointwise on a weight
+                   packed by qlinear_prepack, the row quantized here first); several rows (a prefill, a batch),
+                   code being compiled (Inductor lowers neither one-row kernel) or a build with neither go to
+                   torch._int_mm on the uint8 rows and the int8 weight, with each row's scale and zero point
+                   applied after: y = s_x * s_n * (sum_k q_x,k q_nk - z_x sum_k q_nk), exact in int32. All give
+                   per-token numbers (the one-row kernels round the final float products differently).
 
-Measured on the development machine (2 threads, GPT-2 small's 49 matmuls at batch 1: 12 layers of 768-wide
-qkv/out/fc_in/fc_out and the 50304 x 768 head): bfloat16 F.linear 25 ms, bfloat16 oneDNN-prepacked 14 ms,
-_weight_int8pack_mm 11.7 ms, oneDNN qlinear_pointwise (uint8 activations, per-tensor scale) 8.5 ms, torch._int_mm
-at one row 12 ms. So at one row these int8 kernels are not limited by memory (11.7 ms for 124 MB is ~11 GB/s):
-whole decode steps through model.generate, `int8` 16.25 ms a token against 19.10 for bfloat16 on prepacked weights
-(model/packed.py), 1.18x (benchmarks/RESULTS.md).
+Measured on the development machine (2 threads, batch 1, GPT-2 small's 48 block matmuls, 12 layers of 768-wide
+qkv/out/fc_in/fc_out, each of the 48 a separate weight so that they stream from memory as in a decode step, and
+the 50304 x 768 head): bfloat16 F.linear 13.8 ms, bfloat16 oneDNN-prepacked 7.8 ms (head 3.8),
+_weight_int8pack_mm 6.3 ms, FBGEMM's linear_dynamic 3.95 ms (head 1.29). So torch's weight-only kernel reads
+~14 GB/s at one row (85 MB of int8 weights in 6.3 ms), below what the memory gives, while FBGEMM's reads
+~21 GB/s, the byte rate of bfloat16's packed kernel: twice the weights a second. Whole decode steps through model.generate
+(greedy, GPT-2 small trained briefly, benchmarks/RESULTS.md): `int8` 16.45 ms a token, `int8-dynamic` with its
+int8 head on a float32 model 12.35 ms, bfloat16 on prepacked weights (model/packed.py) 20.60 ms: 1.25x and 1.67x.
 
 The LM head (`quantize_int8(lm_head=None)`): the float head of a CPU decode step already streams a column-major
 copy (GPT.logits) or a oneDNN-packed one (model/packed.py), so whether int8 beats it depends on the machine; it is decided by timing both on one row when
@@ -53,6 +58,7 @@ dequantized weight, in the scales' dtype: the numbers that run.
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Callable
 
 import torch
@@ -60,6 +66,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from common.errors import UserError
+from model.packed import PackedLinear, onednn_available
 from model.timing import best_seconds
 
 QUANTIZE_MODES = ("int8", "int8-dynamic")
@@ -106,6 +113,29 @@ def _onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")
 
 
+def _fbgemm_prepack(weight_int8: torch.Tensor, scales: torch.Tensor):
+    """FBGEMM's packed form of a per-channel int8 weight (out, in) for torch.ops.quantized.linear_dynamic, or
+    None where this torch has no FBGEMM (an ARM build) or no longer has the op. FBGEMM's own blocked layout,
+    made for its one-row kernel: with its activation quantization inside the same call it reads the weights at
+    about twice the bytes per second of the oneDNN path at one row (module doc)."""
+    if "fbgemm" not in torch.backends.quantized.supported_engines or not hasattr(torch.ops.quantized,
+                                                                                 "linear_dynamic"):
+        return None
+    previous = torch.backends.quantized.engine
+    try:
+        with warnings.catch_warnings():
+            # torch marks its quantized tensor type as deprecated; where it is gone, the except below falls back
+            warnings.filterwarnings("ignore", message=".*quantize_per_tensor, torch.quantize_per_channel.*")
+            weight = torch._make_per_channel_quantized_tensor(
+                weight_int8, scales.double(), torch.zeros(weight_int8.shape[0], dtype=torch.long), 0)
+            torch.backends.quantized.engine = "fbgemm"  # the packed object keeps its engine; the global is restored
+            return torch.ops.quantized.linear_prepack(weight, None)
+    except (RuntimeError, AttributeError):
+        return None
+    finally:
+        torch.backends.quantized.engine = previous
+
+
 class Int8Linear(nn.Module):
     """y = x W^T + b with W held as int8 (out, in) and per-output-channel scales (out,); mode "int8" (weight-only)
     or "int8-dynamic" (activations quantized per row too). Module doc: kernels and numbers."""
@@ -127,10 +157,13 @@ class Int8Linear(nn.Module):
         self.register_buffer("scales_bf16", scales.to(torch.bfloat16), persistent=False)
         self.register_buffer("scales_f32", scales.float(), persistent=False)
         self._onednn_weight = None  # int8-dynamic: oneDNN's packed weight (an opaque mkldnn tensor, not a buffer)
+        self._fbgemm_weight = None  # int8-dynamic: FBGEMM's packed weight (an opaque object, not a buffer)
         if mode == "int8-dynamic":
             # sum_k q_nk per output channel (out,): the zero point's share of the integer product
             self.register_buffer("row_sums", weight_int8.sum(dim=1, dtype=torch.int32), persistent=False)
-            if weight_int8.device.type == "cpu" and _onednn_available():
+            if weight_int8.device.type == "cpu":
+                self._fbgemm_weight = _fbgemm_prepack(self.weight_int8, self.scales_f32)
+            if weight_int8.device.type == "cpu" and self._fbgemm_weight is None and _onednn_available():
                 self._onednn_weight = torch.ops.onednn.qlinear_prepack(self.weight_int8, None)
                 self.register_buffer("zero_points", torch.zeros(self.out_features, dtype=torch.long),
                                      persistent=False)  # the weights' (symmetric: 0)
@@ -172,11 +205,15 @@ class Int8Linear(nn.Module):
 
     def _dynamic(self, rows: torch.Tensor) -> torch.Tensor:
         """rows (N, in) -> (N, out) in rows' dtype, each row's activations quantized on its own (module doc)."""
+        one_row_kernel = rows.shape[0] == 1 and not torch.compiler.is_compiling()
+        if one_row_kernel and self._fbgemm_weight is not None:
+            # one token: FBGEMM quantizes the row (its min/max, 0 included, over 256 levels) and multiplies in one call
+            return torch.ops.quantized.linear_dynamic(rows.float(), self._fbgemm_weight, False).to(rows.dtype)
         q, scales, zeros = quantize_rows(rows)  # (N, in) uint8, (N, 1), (N, 1)
         out_dtype = rows.dtype if rows.dtype in (torch.float32, torch.bfloat16) else torch.float32
         if rows.device.type != "cpu":  # the same numbers without an int8 kernel: dequantize both sides
             y = F.linear((q.float() - zeros) * scales, self.dequantized(torch.float32))
-        elif rows.shape[0] == 1 and self._onednn_weight is not None and not torch.compiler.is_compiling():
+        elif one_row_kernel and self._onednn_weight is not None:
             # one token: its scale is a per-tensor scale, which oneDNN applies inside the kernel
             y = torch.ops.onednn.qlinear_pointwise.tensor(
                 q, scales.reshape(()), zeros.reshape(()), self._onednn_weight, self.scales_f32, self.zero_points,
@@ -197,15 +234,20 @@ def quantization_of(model: nn.Module) -> str | None:
 
 
 def _head_seconds(model: nn.Module, candidate: Int8Linear, clock: Callable[[], float]) -> tuple[float, float]:
-    """(float head, int8 head) seconds per call on one row (1, 1, d_model) in the model's dtype: the float one as
-    a decode step runs it (GPT.logits: on a CPU the column-major head), in interleaved rounds (model/timing.py)."""
+    """(float head, int8 head) seconds per call on one row (1, 1, d_model) in the model's dtype, in interleaved
+    rounds (model/timing.py). The float head at its fastest here: as a decode step runs it (GPT.logits: on a CPU
+    the column-major head), or on oneDNN-packed weights, which sample.py's pack_linears gives a float head it
+    left alone where those time faster (model/packed.py)."""
     row = torch.randn(1, 1, candidate.in_features, generator=torch.Generator().manual_seed(0)).to(
         device=model.tok_emb.weight.device, dtype=model.tok_emb.weight.dtype)
+    kernels = {"float": lambda: model.logits(row), "int8": lambda: candidate(row)}
+    if onednn_available() and row.device.type == "cpu":
+        packed = PackedLinear(model.lm_head)  # a second copy of the head for the timing only
+        kernels["float packed"] = lambda: packed(row)
     with torch.no_grad():
         model.logits(row)  # a first call makes the column-major copy, outside the warm-up best_seconds times
-        seconds = best_seconds({"float": lambda: model.logits(row), "int8": lambda: candidate(row)},
-                               rounds=HEAD_TIMING_ROUNDS, calls=HEAD_TIMING_CALLS, clock=clock)
-    return seconds["float"], seconds["int8"]
+        seconds = best_seconds(kernels, rounds=HEAD_TIMING_ROUNDS, calls=HEAD_TIMING_CALLS, clock=clock)
+    return min(seconds["float"], seconds.get("float packed", float("inf"))), seconds["int8"]
 
 
 def quantize_int8(model: nn.Module, mode: str = "int8", lm_head: bool | None = None,

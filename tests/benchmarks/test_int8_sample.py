@@ -41,8 +41,9 @@ def test_a_random_shape_gets_a_row_per_variant():
     assert done.returncode == 0, done.stderr[-3000:]
     rows = table_rows(done.stdout)
     assert list(rows) == NAMES
-    assert rows["float32"][2:4] == ["1.000", "-"]  # float32 against itself
-    assert all(float(row[0]) > 0 and 0 <= float(row[2]) <= 1 and row[4] == "-" for row in rows.values())
+    assert rows["float32"][3:5] == ["1.000", "-"]  # float32 against itself
+    assert rows["float32"][1] == rows["bfloat16"][2] == "1.00x"  # each ratio against its own base
+    assert all(float(row[0]) > 0 and 0 <= float(row[3]) <= 1 and row[5] == "-" for row in rows.values())
     assert "no val loss: a random model" in done.stdout
 
 
@@ -58,10 +59,19 @@ def test_a_runs_checkpoint_gets_val_losses_and_save_appends_a_section(trained, d
     assert done.returncode == 0, done.stderr[-3000:]
     rows = table_rows(done.stdout)
     assert list(rows) == NAMES
-    losses = {name: float(row[4]) for name, row in rows.items()}
+    losses = {name: float(row[5]) for name, row in rows.items()}
     assert all(0 < loss < 10 for loss in losses.values())
     assert abs(losses["int8"] - losses["bfloat16"]) < 0.1  # 8-bit weights move a loss of ~4 nats very little
     assert "val loss on the val split of" in done.stdout
     saved = results.read_text()
     assert saved.count("## Int8 decoding (sample.py --quantize)") == 1 and "- Command: `python benchmarks/int8_sample.py" in saved
     assert re.search(r"\| int8-dynamic/float32 head int8 \| [\d.]+ \|", saved)
+
+
+def test_kernels_times_each_kernel_over_the_blocks_and_the_head():
+    done = bench("--shape", "small", "--kernels", "--rounds", "1", "--threads", "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = table_rows(done.stdout)
+    assert {"bfloat16 F.linear", "int8 (_weight_int8pack_mm)", "int8-dynamic (one-row kernel)"} <= set(rows)
+    assert all(float(cell) > 0 for row in rows.values() for cell in row)  # ms and GB/s, blocks and head
+    assert "12 block matmuls" in done.stdout  # small's 3 layers x 4, each timed

@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from model.generate import sample_next
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from model.generate import draw_proportional, sample_next
 
 
 
@@ -128,3 +131,29 @@ def test_tiny_temperature_is_near_greedy_not_nan(temperature):
     first; sample_next must still draw the argmax, not crash on NaN."""
     logits = torch.tensor([[5.0, 1.0, -3.0, 4.0], [0.0, 0.0, 7.0, -1.0]])
     assert sample_next(logits, temperature=temperature).tolist() == [0, 2]
+
+
+def test_draw_proportional_matches_the_weights_and_never_draws_a_zero():
+    weights = torch.tensor([[0.0, 3.0, 0.0, 1.0, 0.0, 4.0, 0.0]], dtype=torch.float64)
+    samples = draw_proportional(weights.expand(40000, -1), torch.Generator().manual_seed(3))
+    assert set(samples.tolist()) == {1, 3, 5}
+    assert_frequencies(samples, weights[0] / weights.sum())
+
+
+@pytest.mark.parametrize("u_fraction, expected", [(0.0, 1), (1.0, 3)])
+def test_draw_proportional_at_the_ends_of_the_uniform(monkeypatch, u_fraction, expected):
+    """u = 0 draws the first token with weight (a leading zero-weight token owns the empty [0, 0)); u rounded up
+    to the total, which [0, 1) x total can give in floating point, draws the last token with weight, never the
+    zero-weight ones after it nor an index past the vocabulary."""
+    monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.full(shape, u_fraction, dtype=kw["dtype"]))
+    weights = torch.tensor([[0.0, 0.25, 0.5, 1.0, 0.0, 0.0]], dtype=torch.float64)
+    assert draw_proportional(weights).tolist() == [expected]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 1e-300, 1e-12, 0.5, 1.0, 7.0]), min_size=1, max_size=40), st.integers(0, 99))
+def test_draw_proportional_draws_only_positive_weights(values, seed):
+    weights = torch.tensor([values + [1.0]], dtype=torch.float64)  # the row's largest > 0, as sample_next has it
+    drawn = draw_proportional(weights.expand(64, -1), torch.Generator().manual_seed(seed))
+    assert ((drawn >= 0) & (drawn < weights.shape[1])).all()
+    assert (weights[0, drawn] > 0).all()

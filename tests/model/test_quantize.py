@@ -17,6 +17,8 @@ from hypothesis.extra.numpy import arrays
 
 from common.errors import UserError
 from model import GPT, ModelConfig
+import model.quantize as quantize_module
+from model.packed import PackedLinear, onednn_available
 from model.quantize import Int8Linear, is_quantized, quantization_of, quantize_int8, quantize_per_channel, \
     quantize_rows
 
@@ -99,12 +101,19 @@ def test_forward_equals_f_linear_on_the_dequantized_weight(mode, bias, shape):
         assert bool((err.abs() <= tolerance + 1e-6).all()), (mode, dtype, float(err.abs().max()))
 
 
-def test_dynamic_mode_is_per_token_in_every_kernel():
-    """One row (oneDNN), several rows (torch._int_mm) and the plain-float reference give each row the numbers
-    of that row alone: a large row next to a small one does not coarsen the small one's levels."""
+@pytest.mark.parametrize("one_row_kernel", ["fbgemm", "onednn"])
+def test_dynamic_mode_is_per_token_in_every_kernel(monkeypatch, one_row_kernel):
+    """One row (FBGEMM, or oneDNN where FBGEMM is absent), several rows (torch._int_mm) and the plain-float
+    reference give each row the numbers of that row alone: a large row next to a small one does not coarsen
+    the small one's levels."""
+    if one_row_kernel == "onednn":
+        monkeypatch.setattr(quantize_module, "_fbgemm_prepack", lambda weight, scales: None)  # a build without
     gen = torch.Generator().manual_seed(1)
     linear = nn.Linear(32, 24, bias=False)
     layer = Int8Linear.from_linear(linear, "int8-dynamic")
+    if one_row_kernel == "fbgemm" and layer._fbgemm_weight is None:
+        pytest.skip("this torch build has no FBGEMM")
+    assert (layer._fbgemm_weight is not None) == (one_row_kernel == "fbgemm")
     rows = torch.randn(4, 32, generator=gen)
     rows[0] *= 1000.0  # a huge token beside small ones
     with torch.no_grad():
@@ -154,32 +163,43 @@ def test_quantize_replaces_exactly_the_block_matmuls_and_the_head_only_when_aske
             assert logits.shape == (1, 1, 48) and bool(torch.isfinite(logits).all())
 
 
-@pytest.mark.parametrize("int8_faster", [True, False])
-def test_the_head_is_decided_by_measurement(monkeypatch, int8_faster):
-    """A clock of the test's own: every int8 head call costs 1 ms and every float head call 2 ms (or the
-    other way round); the faster measured kernel is kept, whichever it is."""
+@pytest.mark.parametrize("costs_ms, int8_kept", [((1, 2, 2), True), ((2, 1, 3), False), ((2, 3, 1), False)])
+def test_the_head_is_decided_by_measurement(monkeypatch, costs_ms, int8_kept):
+    """A clock of the test's own: each call of the int8 head, the float head as GPT.logits runs it and the float
+    head on oneDNN-packed weights costs its own ms (costs_ms, in that order); int8 is kept only when it beats
+    the faster of the two float ones, whichever that is."""
     model = tiny_gpt()
-    clock = types.SimpleNamespace(now=0.0, int8_calls=0, float_calls=0)
-    int8_cost, float_cost = (1e-3, 2e-3) if int8_faster else (2e-3, 1e-3)
-    forward, logits = Int8Linear.forward, model.logits
+    clock = types.SimpleNamespace(now=0.0, calls={"int8": 0, "float": 0, "packed": 0})
+    cost = dict(zip(("int8", "float", "packed"), (c * 1e-3 for c in costs_ms)))
+    forward, logits, packed_forward = Int8Linear.forward, model.logits, PackedLinear.forward
+
+    def tick(kind):
+        clock.now += cost[kind]
+        clock.calls[kind] += 1
 
     def timed_int8(self, x):
         if self.out_features == 48:  # the head candidate (the block matmuls are never timed)
-            clock.now += int8_cost
-            clock.int8_calls += 1
+            tick("int8")
         return forward(self, x)
 
+    def timed_packed(self, x):
+        tick("packed")
+        return packed_forward(self, x)
+
     def timed_float(x):
-        clock.now += float_cost
-        clock.float_calls += 1
+        tick("float")
         return logits(x)
 
     monkeypatch.setattr(Int8Linear, "forward", timed_int8)
+    monkeypatch.setattr(PackedLinear, "forward", timed_packed)
     monkeypatch.setattr(model, "logits", timed_float)
     description = quantize_int8(model, "int8", clock=lambda: clock.now)
-    assert clock.int8_calls >= 3 and clock.float_calls >= 3  # both were measured
-    assert isinstance(model.lm_head, Int8Linear) is int8_faster
-    assert ("LM head int8" if int8_faster else "LM head float") in description and "measured" in description
+    timed = ("int8", "float", "packed") if onednn_available() else ("int8", "float")
+    assert all(clock.calls[kind] >= 3 for kind in timed)  # every candidate was measured
+    if not onednn_available():
+        int8_kept = costs_ms[0] < costs_ms[1]
+    assert isinstance(model.lm_head, Int8Linear) is int8_kept
+    assert ("LM head int8" if int8_kept else "LM head float") in description and "measured" in description
 
 
 def test_what_quantize_cannot_do_is_refused_before_anything_changes():
