@@ -79,16 +79,11 @@ class MatmulModule:
 
 
 def matmul_modules(model: GPT) -> list[MatmulModule]:
-    """Every matmul module a decode step runs, in the order it runs them, the LM head last. Found by where the model
-    holds them, not by type: other code may replace an nn.Linear by a quantized or prepacked module."""
-    c = model.config
-    found = []
-    for i, block in enumerate(model.blocks):
-        found += [MatmulModule(f"blocks.{i}.attn.qkv_proj", block.attn.qkv_proj, c.d_model),
-                  MatmulModule(f"blocks.{i}.attn.out_proj", block.attn.out_proj, c.n_head * c.head_dim),
-                  MatmulModule(f"blocks.{i}.mlp.fc_in", block.mlp.fc_in, c.d_model),
-                  MatmulModule(f"blocks.{i}.mlp.fc_out", block.mlp.fc_out, c.hidden_dim)]
-    return found + [MatmulModule("lm_head", model.lm_head, c.d_model)]
+    """Every matmul module a decode step runs, in the order it runs them, the LM head last (GPT.matmul_slots).
+    Found by where the model holds them, not by type: other code may replace an nn.Linear by a quantized or
+    prepacked module, each of which keeps its in_features."""
+    return [MatmulModule(name, getattr(parent, attr), getattr(parent, attr).in_features)
+            for name, parent, attr in model.matmul_slots()]
 
 
 def stored_bytes(module: torch.nn.Module) -> int:

@@ -157,8 +157,14 @@ def dump_attention(weights_by_layer: dict[int, torch.Tensor], heads_by_layer: di
     and its circuit's arrays (`prompt_circuit_scores`) under their own names, with `head_description`."""
     arrays, written = _arrays_and_heatmaps(weights_by_layer, heads_by_layer, tokens, Path(out_dir), token_ids,
                                            value_norms, scores)
-    write_file(Path(out_dir) / "attn.npz", lambda f: np.savez(f, **arrays))
-    return [Path(out_dir) / "attn.npz", *written]
+    return [write_npz(Path(out_dir), arrays), *written]
+
+
+def write_npz(out_dir: Path, arrays: dict[str, np.ndarray]) -> Path:
+    """`out_dir/attn.npz` holding `arrays`, written whole or not at all (common.writes.write_file)."""
+    path = out_dir / "attn.npz"
+    write_file(path, lambda f: np.savez(f, **arrays))
+    return path
 
 
 def _arrays_and_heatmaps(weights_by_layer: dict[int, torch.Tensor], heads_by_layer: dict[int, list[int]],
@@ -207,8 +213,7 @@ def dump_internals(internals: dict[int, AttentionInternals], heads_by_layer: dic
         {layer: internals_value_norms(it)[item] for layer, it in internals.items()}, scores)
     if options.quantized:
         arrays["quantized"] = np.array(options.quantized, dtype=str)  # 0-d: what the maps' weights were
-    write_file(out_dir / "attn.npz", lambda f: np.savez(f, **arrays))
-    written = [out_dir / "attn.npz", *heatmaps]
+    npz = write_npz(out_dir, arrays)
     html = write_explorer(out_dir / "attention.html", internals, tokens, heads_by_layer, options=options,
                           scores=scores)
-    return [*written, html]
+    return [npz, *heatmaps, html]

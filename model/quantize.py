@@ -38,12 +38,13 @@ Two modes, both with these weights:
 
 Measured on the development machine (2 threads, batch 1, GPT-2 small's 48 block matmuls, 12 layers of 768-wide
 qkv/out/fc_in/fc_out, each of the 48 a separate weight so that they stream from memory as in a decode step, and
-the 50304 x 768 head): bfloat16 F.linear 13.8 ms, bfloat16 oneDNN-prepacked 7.8 ms (head 3.8),
-_weight_int8pack_mm 6.3 ms, FBGEMM's linear_dynamic 3.95 ms (head 1.29). So torch's weight-only kernel reads
-~14 GB/s at one row (85 MB of int8 weights in 6.3 ms), below what the memory gives, while FBGEMM's reads
-~21 GB/s, the byte rate of bfloat16's packed kernel: twice the weights a second. Whole decode steps through model.generate
-(greedy, GPT-2 small trained briefly, benchmarks/RESULTS.md): `int8` 16.45 ms a token, `int8-dynamic` with its
-int8 head on a float32 model 12.35 ms, bfloat16 on prepacked weights (model/packed.py) 20.60 ms: 1.25x and 1.67x.
+the 50304 x 768 head; `benchmarks/int8_sample.py --kernels`): bfloat16 F.linear 18.5 ms, bfloat16 oneDNN-packed
+12.6 ms (head 4.5), _weight_int8pack_mm 9.4 ms (head 3.8), FBGEMM's linear_dynamic 5.2 ms (head 1.7). So torch's
+weight-only kernel reads ~9 GB/s at one row, below what the memory gives, while FBGEMM's reads 16-22 GB/s, the
+byte rate of bfloat16's packed kernel or more: twice the weights a second. Whole decode steps through
+model.generate (greedy, GPT-2 small trained briefly, benchmarks/RESULTS.md): bfloat16 on prepacked weights
+(model/packed.py) 18.3 ms a token, `int8` 15.3 ms (1.20x), `int8-dynamic` on a float32 model with its int8
+head 10.2 ms (1.79x).
 
 The LM head (`quantize_int8(lm_head=None)`): the float head of a CPU decode step already streams a column-major
 copy (GPT.logits) or a oneDNN-packed one (model/packed.py), so whether int8 beats it depends on the machine; it is decided by timing both on one row when
@@ -113,8 +114,9 @@ def _onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")
 
 
-def _fbgemm_prepack(weight_int8: torch.Tensor, scales: torch.Tensor):
-    """FBGEMM's packed form of a per-channel int8 weight (out, in) for torch.ops.quantized.linear_dynamic, or
+def _fbgemm_prepack(weight_int8: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None):
+    """FBGEMM's packed form of a per-channel int8 weight (out, in) and its bias, for torch.ops.quantized.
+    linear_dynamic (the bias added inside, in float32), or
     None where this torch has no FBGEMM (an ARM build) or no longer has the op. FBGEMM's own blocked layout,
     made for its one-row kernel: with its activation quantization inside the same call it reads the weights at
     about twice the bytes per second of the oneDNN path at one row (module doc)."""
@@ -129,7 +131,7 @@ def _fbgemm_prepack(weight_int8: torch.Tensor, scales: torch.Tensor):
             weight = torch._make_per_channel_quantized_tensor(
                 weight_int8, scales.double(), torch.zeros(weight_int8.shape[0], dtype=torch.long), 0)
             torch.backends.quantized.engine = "fbgemm"  # the packed object keeps its engine; the global is restored
-            return torch.ops.quantized.linear_prepack(weight, None)
+            return torch.ops.quantized.linear_prepack(weight, None if bias is None else bias.float())
     except (RuntimeError, AttributeError):
         return None
     finally:
@@ -162,7 +164,7 @@ class Int8Linear(nn.Module):
             # sum_k q_nk per output channel (out,): the zero point's share of the integer product
             self.register_buffer("row_sums", weight_int8.sum(dim=1, dtype=torch.int32), persistent=False)
             if weight_int8.device.type == "cpu":
-                self._fbgemm_weight = _fbgemm_prepack(self.weight_int8, self.scales_f32)
+                self._fbgemm_weight = _fbgemm_prepack(self.weight_int8, self.scales_f32, self.bias)
             if weight_int8.device.type == "cpu" and self._fbgemm_weight is None and _onednn_available():
                 self._onednn_weight = torch.ops.onednn.qlinear_prepack(self.weight_int8, None)
                 self.register_buffer("zero_points", torch.zeros(self.out_features, dtype=torch.long),
@@ -193,6 +195,10 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., in) -> (..., out) in x's dtype."""
+        if self._fbgemm_weight is not None and x.numel() == self.in_features and not torch.compiler.is_compiling():
+            # one token (a batch-1 decode step), first and with as little Python as can be, ~50 of them a token:
+            # FBGEMM quantizes the row (its min/max, 0 included, over 256 levels), multiplies, adds the bias
+            return torch.ops.quantized.linear_dynamic(x.float(), self._fbgemm_weight, False).to(x.dtype)
         if self.mode == "int8-dynamic":
             y = self._dynamic(x.reshape(-1, self.in_features)).view(*x.shape[:-1], self.out_features)
         elif x.device.type == "cpu" and x.dtype == torch.bfloat16:
@@ -206,9 +212,6 @@ class Int8Linear(nn.Module):
     def _dynamic(self, rows: torch.Tensor) -> torch.Tensor:
         """rows (N, in) -> (N, out) in rows' dtype, each row's activations quantized on its own (module doc)."""
         one_row_kernel = rows.shape[0] == 1 and not torch.compiler.is_compiling()
-        if one_row_kernel and self._fbgemm_weight is not None:
-            # one token: FBGEMM quantizes the row (its min/max, 0 included, over 256 levels) and multiplies in one call
-            return torch.ops.quantized.linear_dynamic(rows.float(), self._fbgemm_weight, False).to(rows.dtype)
         q, scales, zeros = quantize_rows(rows)  # (N, in) uint8, (N, 1), (N, 1)
         out_dtype = rows.dtype if rows.dtype in (torch.float32, torch.bfloat16) else torch.float32
         if rows.device.type != "cpu":  # the same numbers without an int8 kernel: dequantize both sides

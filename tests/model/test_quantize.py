@@ -107,7 +107,7 @@ def test_dynamic_mode_is_per_token_in_every_kernel(monkeypatch, one_row_kernel):
     reference give each row the numbers of that row alone: a large row next to a small one does not coarsen
     the small one's levels."""
     if one_row_kernel == "onednn":
-        monkeypatch.setattr(quantize_module, "_fbgemm_prepack", lambda weight, scales: None)  # a build without
+        monkeypatch.setattr(quantize_module, "_fbgemm_prepack", lambda weight, scales, bias: None)  # a build without
     gen = torch.Generator().manual_seed(1)
     linear = nn.Linear(32, 24, bias=False)
     layer = Int8Linear.from_linear(linear, "int8-dynamic")
