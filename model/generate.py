@@ -232,19 +232,19 @@ def eager_step_seconds(model: GPT, batch_size: int, clock: Callable[[], float] =
 def compiled_matmul_seconds(model: GPT, batch_size: int, clock: Callable[[], float] = time.perf_counter) -> float:
     """One decode step's matmuls alone as compiled code runs them, best of TIMED_STEPS, on (batch_size, 1, in) rows:
     F.linear on the weights of each block's matmuls where they are float (packed ones included: compiled code
-    cannot run oneDNN's packed layout), the module itself otherwise (int8, model/quantize.py); the LM head as
-    x @ head_columns, or its own module."""
+    cannot run oneDNN's packed layout), the module's compiled path otherwise (Int8Linear.run without its one-row
+    kernels, model/quantize.py); the LM head as x @ head_columns, or its own module's compiled path."""
     weight = model.tok_emb.weight
     layers = [getattr(parent, attr) for _, parent, attr in model.matmul_slots()]  # the LM head last
     rows = {m.in_features: torch.randn(batch_size, 1, m.in_features, dtype=weight.dtype, device=weight.device)
             for m in layers}
     calls = [(lambda m=m: F.linear(rows[m.in_features], m.weight, m.bias)) if isinstance(m, (nn.Linear, PackedLinear))
-             else (lambda m=m: m(rows[m.in_features])) for m in layers[:-1]]
+             else (lambda m=m: m.run(rows[m.in_features], one_row_kernels=False)) for m in layers[:-1]]
     head_input = rows[model.lm_head.in_features]
     if model.head_is_linear():
         head = model.head_columns()  # (d_model, vocab_size)
         calls.append(lambda: head_input @ head)
     else:
-        calls.append(lambda: model.lm_head(head_input))
+        calls.append(lambda: model.lm_head.run(head_input, one_row_kernels=False))
     return best_seconds({"matmuls": lambda: [call() for call in calls]}, rounds=TIMED_STEPS, calls=1,
                         clock=clock)["matmuls"]

@@ -199,8 +199,14 @@ class Int8Linear(nn.Module):
             # one token (a batch-1 decode step), first and with as little Python as can be, ~50 of them a token:
             # FBGEMM quantizes the row (its min/max, 0 included, over 256 levels), multiplies, adds the bias
             return torch.ops.quantized.linear_dynamic(x.float(), self._fbgemm_weight, False).to(x.dtype)
+        return self.run(x, one_row_kernels=not torch.compiler.is_compiling())
+
+    def run(self, x: torch.Tensor, one_row_kernels: bool) -> torch.Tensor:
+        """forward without FBGEMM's fast path; one_row_kernels=False runs what compiled code runs (neither one-row
+        int8-dynamic kernel: Inductor lowers neither), which model.generate times when deciding on a compile."""
         if self.mode == "int8-dynamic":
-            y = self._dynamic(x.reshape(-1, self.in_features)).view(*x.shape[:-1], self.out_features)
+            y = self._dynamic(x.reshape(-1, self.in_features), one_row_kernels)
+            y = y.view(*x.shape[:-1], self.out_features)
         elif x.device.type == "cpu" and x.dtype == torch.bfloat16:
             rows = x.reshape(-1, self.in_features).contiguous()  # (N, in): the kernel takes 2-D rows
             y = torch.ops.aten._weight_int8pack_mm(rows, self.weight_int8, self.scales_bf16)  # (N, out)
@@ -209,14 +215,13 @@ class Int8Linear(nn.Module):
             return F.linear(x, self.dequantized(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
-    def _dynamic(self, rows: torch.Tensor) -> torch.Tensor:
+    def _dynamic(self, rows: torch.Tensor, one_row_kernels: bool) -> torch.Tensor:
         """rows (N, in) -> (N, out) in rows' dtype, each row's activations quantized on its own (module doc)."""
-        one_row_kernel = rows.shape[0] == 1 and not torch.compiler.is_compiling()
         q, scales, zeros = quantize_rows(rows)  # (N, in) uint8, (N, 1), (N, 1)
         out_dtype = rows.dtype if rows.dtype in (torch.float32, torch.bfloat16) else torch.float32
         if rows.device.type != "cpu":  # the same numbers without an int8 kernel: dequantize both sides
             y = F.linear((q.float() - zeros) * scales, self.dequantized(torch.float32))
-        elif one_row_kernel and self._onednn_weight is not None:
+        elif one_row_kernels and rows.shape[0] == 1 and self._onednn_weight is not None:
             # one token: its scale is a per-tensor scale, which oneDNN applies inside the kernel
             y = torch.ops.onednn.qlinear_pointwise.tensor(
                 q, scales.reshape(()), zeros.reshape(()), self._onednn_weight, self.scales_f32, self.zero_points,

@@ -46,3 +46,23 @@ def test_the_timings_run_the_model_and_leave_it_as_it_was():
     assert model.training and model.blocks[0].attn.kv_cache is None  # mode restored, cache cleared
     prompt = torch.randint(0, 50, (1, 4))
     assert generate(model, prompt, 5, temperature=0).shape == (1, 9)  # still generates as before
+
+
+def test_an_int8_dynamic_models_matmuls_are_timed_on_the_compiled_path(monkeypatch):
+    """Compiled code runs neither one-row int8-dynamic kernel (FBGEMM, oneDNN) but torch._int_mm: that path is
+    what the compiled matmuls are timed on, one call per quantized layer, the LM head included."""
+    from model.quantize import Int8Linear, quantize_int8
+    model = tiny()
+    quantize_int8(model, "int8-dynamic", lm_head=True)
+    paths = []
+    run = Int8Linear.run
+    monkeypatch.setattr(Int8Linear, "run", lambda self, x, one_row_kernels: paths.append(one_row_kernels)
+                        or run(self, x, one_row_kernels))
+    int_mm = torch._int_mm
+    int_mm_calls = []
+    monkeypatch.setattr(torch, "_int_mm", lambda *a: int_mm_calls.append(1) or int_mm(*a))
+    seconds = compiled_matmul_seconds(model, 1, clock=iter(range(10**6)).__next__)
+    assert seconds > 0
+    layers = 4 * model.config.n_layer + 1
+    assert paths and set(paths) == {False} and len(paths) % layers == 0
+    assert len(int_mm_calls) == len(paths)  # every timed call multiplied on torch._int_mm
