@@ -34,7 +34,10 @@ Two modes, both with these weights:
                    code being compiled (Inductor lowers neither one-row kernel) or a build with neither go to
                    torch._int_mm on the uint8 rows and the int8 weight, with each row's scale and zero point
                    applied after: y = s_x * s_n * (sum_k q_x,k q_nk - z_x sum_k q_nk), exact in int32. All give
-                   per-token numbers (the one-row kernels round the final float products differently).
+                   per-token numbers (the one-row kernels round the final float products differently), with
+                   one exception: FBGEMM's step is never finer than FBGEMM_SMALLEST_SCALE (6.1e-5), so a row
+                   whose range is under 255 x 6.1e-5 = 0.0156 (activations all but zero) is rounded to those
+                   coarser steps there, an output error up to 6.1e-5 * sum_k |q_nk s_n| instead of s_x * ....
 
 Measured on the development machine (2 threads, batch 1, GPT-2 small's 48 block matmuls, 12 layers of 768-wide
 qkv/out/fc_in/fc_out, each of the 48 a separate weight so that they stream from memory as in a decode step, and
@@ -75,6 +78,7 @@ MODE_TEXT = {"int8": "int8 weights, bfloat16 activations",
              "int8-dynamic": "int8 weights, int8 activations quantized per token at run time"}
 INT8_MAX = 127  # symmetric: -127..127, so that -W quantizes to exactly -q
 KERNEL_IN_MULTIPLE = 16  # _weight_int8pack_mm's AVX-512 loop reads rows 16 values at a time, no tail
+FBGEMM_SMALLEST_SCALE = 6.1e-5  # FBGEMM never quantizes with a finer step (float16's smallest normal number)
 HEAD_TIMING_ROUNDS = 5  # interleaved rounds of HEAD_TIMING_CALLS calls of each head kernel (model/timing.py)
 HEAD_TIMING_CALLS = 3
 

@@ -19,7 +19,7 @@ from common.errors import UserError
 from model import GPT, ModelConfig
 import model.quantize as quantize_module
 from model.packed import PackedLinear, onednn_available
-from model.quantize import Int8Linear, is_quantized, quantization_of, quantize_int8, quantize_per_channel, \
+from model.quantize import FBGEMM_SMALLEST_SCALE, Int8Linear, is_quantized, quantization_of, quantize_int8, quantize_per_channel, \
     quantize_rows
 
 
@@ -215,3 +215,27 @@ def test_what_quantize_cannot_do_is_refused_before_anything_changes():
     on_meta = tiny_gpt().to("meta")
     with pytest.raises(UserError, match="CPU only.*--device cpu"):
         quantize_int8(on_meta, "int8")
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 200), st.integers(1, 64), st.booleans(), st.floats(1e-3, 1e3), st.integers(0, 2**16))
+def test_one_row_dynamic_kernel_equals_the_per_token_reference_at_any_shape(in_features, out_features, bias, scale,
+                                                                            seed):
+    """Whatever the widths and the row's scale: one row through the one-row kernel (FBGEMM where present) gives the
+    numbers of the row quantized on its own 256 levels times the dequantized weight, plus the bias; only a row
+    whose step would be finer than FBGEMM's smallest is rounded to that step instead (module doc)."""
+    gen = torch.Generator().manual_seed(seed)
+    linear = nn.Linear(in_features, out_features, bias=bias)
+    layer = Int8Linear.from_linear(linear, "int8-dynamic")
+    x = torch.randn(1, 1, in_features, generator=gen) * scale
+    with torch.no_grad():
+        y = layer(x)
+    q, scales, zeros = quantize_rows(x.reshape(1, -1))
+    reference = F.linear((q.double() - zeros) * scales.double(), layer.weight.double(),
+                         None if not bias else linear.bias.detach().double()).reshape(1, 1, -1)
+    magnitude = (((q.double() - zeros) * scales.double()).abs() @ layer.weight.double().abs().T).reshape(1, 1, -1)
+    tolerance = 1e-5 * magnitude + 1e-6
+    if layer._fbgemm_weight is not None and float(scales) < FBGEMM_SMALLEST_SCALE:
+        tolerance = tolerance + FBGEMM_SMALLEST_SCALE * layer.weight.double().abs().sum(dim=1)  # one FBGEMM step
+    assert y.shape == (1, 1, out_features)
+    assert bool(((y.double() - reference).abs() <= tolerance).all())
