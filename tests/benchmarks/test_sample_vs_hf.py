@@ -67,10 +67,12 @@ def test_the_mean_context_is_what_generate_attends_over():
 
 
 class Int8Linear(torch.nn.Module):
-    """A stand-in for a quantized replacement of nn.Linear: int8 weight and float32 scales, as buffers."""
+    """A stand-in for a quantized replacement of nn.Linear: int8 weight and float32 scales, as buffers, and the
+    in_features / out_features every replacement keeps."""
 
     def __init__(self, linear: torch.nn.Linear):
         super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
         self.register_buffer("weight_int8", torch.zeros(linear.weight.shape, dtype=torch.int8))
         self.register_buffer("scale", torch.ones(linear.out_features))
 
