@@ -4,7 +4,7 @@ and val loss, on one CPU, batch 1.
 Variants (each built fresh from the same weights; the LM head either float or int8, never measured here):
   float32, bfloat16                the float model
   int8 [head int8]                 weight-only int8, bfloat16 activations (_weight_int8pack_mm)
-  int8-dynamic/<dtype> [head int8] int8 weights and per-token int8 activations (oneDNN qlinear / torch._int_mm), the
+  int8-dynamic/<dtype> [head int8] int8 weights and per-token int8 activations (FBGEMM / torch._int_mm), the
                                    rest of the model (attention, norms, embedding) in <dtype>
 For each: ms/token = wall time of one model.generate.generate call (greedy, KV cache, prompt prefill included)
 over its new tokens, median of --rounds interleaved rounds (each round runs every variant once, starting one
