@@ -120,10 +120,9 @@ def _onednn_available() -> bool:
 
 def _fbgemm_prepack(weight_int8: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None):
     """FBGEMM's packed form of a per-channel int8 weight (out, in) and its bias, for torch.ops.quantized.
-    linear_dynamic (the bias added inside, in float32), or
-    None where this torch has no FBGEMM (an ARM build) or no longer has the op. FBGEMM's own blocked layout,
-    made for its one-row kernel: with its activation quantization inside the same call it reads the weights at
-    about twice the bytes per second of the oneDNN path at one row (module doc)."""
+    linear_dynamic (the bias added inside, in float32), or None where this torch has no FBGEMM (an ARM build) or
+    no longer has the op. FBGEMM's own blocked layout, made for its one-row kernel, which with the activation's
+    quantization inside the same call outran the oneDNN path at one row here (module doc)."""
     if "fbgemm" not in torch.backends.quantized.supported_engines or not hasattr(torch.ops.quantized,
                                                                                  "linear_dynamic"):
         return None
