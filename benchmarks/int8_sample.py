@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+import _limits
 import _report
 from common.errors import ArgumentParser, UserError, user_errors_exit
 from model import GPT
@@ -152,8 +153,7 @@ def main() -> None:
         if args.kernels:
             return kernel_report(build, label, args)
         rows = run_variants(build, prepared, args, agree)
-        machine_line = _report.machine(torch_threads=True, extra=[
-            _report.cpu_bf16_support() + ", " + _report.flag_list(("avx512_vnni", "amx_int8"))])
+        machine_line = int8_machine_line()
         notes = [f"{label}; prompt {args.prompt} random tokens, {args.new_tokens} new, greedy, batch 1, KV cache; "
                  f"ms/token = one generate call (prefill included) / new tokens, median of {args.rounds} interleaved "
                  f"rounds; agreement over the first {agree} new tokens against float32's",
@@ -173,6 +173,12 @@ def main() -> None:
         if args.save:
             _report.save(argparse.Namespace(no_save=False), "Int8 decoding (sample.py --quantize)", machine_line,
                          "int8_sample.py", *[f"- {n}" for n in notes], "", *table, "")
+
+
+def int8_machine_line() -> str:
+    """The machine line with the CPU flags that decide bfloat16 and int8 speed."""
+    return _report.machine(torch_threads=True, extra=[
+        _report.cpu_bf16_support() + ", " + _report.flag_list(("avx512_vnni", "amx_int8"))])
 
 
 def kernel_report(build, label: str, args: argparse.Namespace) -> None:
@@ -199,25 +205,18 @@ def kernel_report(build, label: str, args: argparse.Namespace) -> None:
             seconds = _report.interleaved({"blocks": lambda: [layer(x) for layer, x in zip(layers, rows)],
                                            "head": lambda: head_layer(head_row)}, rounds=args.rounds, calls=3,
                                           warmup=2)
-        block_bytes = sum(weight_bytes(layer) for layer in layers)
+        block_bytes = sum(_limits.stored_bytes(layer) for layer in layers)
         table.append(f"| {name} | {seconds['blocks'] * 1e3:.2f} | {block_bytes / seconds['blocks'] / 1e9:.1f} | "
-                     f"{seconds['head'] * 1e3:.2f} | {weight_bytes(head_layer) / seconds['head'] / 1e9:.1f} |")
-    machine_line = _report.machine(torch_threads=True, extra=[
-        _report.cpu_bf16_support() + ", " + _report.flag_list(("avx512_vnni", "amx_int8"))])
+                     f"{seconds['head'] * 1e3:.2f} | {_limits.stored_bytes(head_layer) / seconds['head'] / 1e9:.1f} |")
+    machine_line = int8_machine_line()
     notes = [f"{label}: {len(blocks)} block matmuls, each its own weight, called in turn at one row (1, in), and "
              f"the {head.out_features} x {head.in_features} LM head; median of {args.rounds} interleaved rounds of 3 "
-             f"calls; GB/s = the weights' bytes as the kernel stores them (int8: 1 a weight plus the scales) / time"]
+             f"calls; GB/s = the layers' stored bytes (_limits.stored_bytes: int8 weights and their scales, or the float "
+             f"weight) / time"]
     print("\n".join([machine_line, "", *notes, "", *table]))
     if args.save:
         _report.save(argparse.Namespace(no_save=False), "Int8 matmul kernels at one row", machine_line,
                      "int8_sample.py", *[f"- {n}" for n in notes], "", *table, "")
-
-
-def weight_bytes(layer: torch.nn.Module) -> int:
-    """Bytes of a layer's weights as its kernel reads them: int8 values and scales, or the float weight."""
-    if isinstance(layer, Int8Linear):
-        return layer.weight_int8.numel() + layer.scales.numel() * layer.scales.element_size()
-    return layer.weight.numel() * layer.weight.element_size()
 
 
 def run_variants(build, prepared, args: argparse.Namespace, agree: int) -> list[dict]:

@@ -292,9 +292,10 @@ def main() -> None:
             notes.append("sample.py: `python sample.py --ckpt TMP --prompt TEXT --temperature 0 --max-new-tokens N "
                          f"--dtype {args.dtype}` on the same weights, one process per round, its own tokens/s line "
                          "(generation only, prefill included), median.")
-        print("\n".join(["", *notes, "", *speed, "", *limits, *([""] + cli if cli else [])]))
+        tables = ["", *speed, "", *limits, *([""] + cli if cli else [])]
+        print("\n".join(["", *notes, *tables]))
         _report.save(args, "Sampling vs Hugging Face generate, identical weights", machine_line, "sample_vs_hf.py",
-                     *[f"- {n}" for n in notes], "", *speed, "", *limits, *([""] + cli if cli else []), "")
+                     *[f"- {n}" for n in notes], *tables, "")
 
 
 if __name__ == "__main__":

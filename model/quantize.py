@@ -114,7 +114,8 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     return q, scales, zeros.to(torch.int32)
 
 
-def _onednn_available() -> bool:
+def _onednn_int8_available() -> bool:
+    """Whether this torch has oneDNN's int8 matmul (model.packed.onednn_available asks for its float one)."""
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")
 
 
@@ -168,10 +169,10 @@ class Int8Linear(nn.Module):
             self.register_buffer("row_sums", weight_int8.sum(dim=1, dtype=torch.int32), persistent=False)
             if weight_int8.device.type == "cpu":
                 self._fbgemm_weight = _fbgemm_prepack(self.weight_int8, self.scales_f32, self.bias)
-            if weight_int8.device.type == "cpu" and self._fbgemm_weight is None and _onednn_available():
-                self._onednn_weight = torch.ops.onednn.qlinear_prepack(self.weight_int8, None)
-                self.register_buffer("zero_points", torch.zeros(self.out_features, dtype=torch.long),
-                                     persistent=False)  # the weights' (symmetric: 0)
+                if self._fbgemm_weight is None and _onednn_int8_available():
+                    self._onednn_weight = torch.ops.onednn.qlinear_prepack(self.weight_int8, None)
+                    self.register_buffer("zero_points", torch.zeros(self.out_features, dtype=torch.long),
+                                         persistent=False)  # the weights' (symmetric: 0)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, mode: str = "int8") -> "Int8Linear":
@@ -252,7 +253,7 @@ def _head_seconds(model: nn.Module, candidate: Int8Linear, clock: Callable[[], f
     row = torch.randn(1, 1, candidate.in_features, generator=torch.Generator().manual_seed(0)).to(
         device=model.tok_emb.weight.device, dtype=model.tok_emb.weight.dtype)
     kernels = {"float": lambda: model.logits(row), "int8": lambda: candidate(row)}
-    if onednn_available() and row.device.type == "cpu":
+    if onednn_available():  # (quantize_int8 takes CPU models only)
         packed = PackedLinear(model.lm_head)  # a second copy of the head for the timing only
         kernels["float packed"] = lambda: packed(row)
     with torch.no_grad():
