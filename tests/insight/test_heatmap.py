@@ -9,8 +9,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from insight.heatmap import (ZOOM_LAST, cell_labels, colour_bar_ticks, draw_heatmap, draw_heatmap_zoom, token_label,
-                             weight_norm)
+from insight.heatmap import (PNG_COMPRESS_LEVEL, ZOOM_LAST, HeatmapCanvas, cell_labels, colour_bar_ticks, draw_heatmap,
+                             draw_heatmap_zoom, token_label, weight_norm)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -129,3 +129,70 @@ def test_zoom_default_is_64_and_bad_arguments_are_refused():
         draw_heatmap_zoom(w[None], None)
     with pytest.raises(ValueError, match="heads"):
         draw_heatmap_zoom(w, None, heads=[2])
+
+
+# --- HeatmapCanvas: the same PNGs as a whole draw, again and again --------------------------------------------
+
+def png_pixels(path) -> np.ndarray:
+    from matplotlib.image import imread
+    return imread(path)  # (H, W, 4) floats
+
+
+def tokens_of(T: int) -> list[str]:
+    return [f"t{i}" if i % 3 else " x" for i in range(T)]
+
+
+@pytest.mark.parametrize("zoom", [False, True])
+def test_a_canvas_redrawing_new_maps_writes_the_pixels_a_whole_draw_writes(tmp_path, zoom):
+    """Drawn after other maps (a larger peak, so other colour-bar ticks), each picture is pixel for pixel the one
+    draw_heatmap / draw_heatmap_zoom writes for its maps and title: nothing of an earlier map is left, and the
+    kept labels are the ones a whole draw paints."""
+    T = 70 if zoom else 30
+    tokens = tokens_of(T)
+    canvas = HeatmapCanvas(tokens, zoom=zoom, last=40)
+    for step, peak in ((0, 1.0), (1, 0.3), (2, 0.9)):
+        w = causal_maps(4, T, seed=step) * peak
+        title = f"layer 1, step {step}"
+        canvas.draw(w, title, tmp_path / f"canvas_{step}.png")
+        whole = tmp_path / f"whole_{step}.png"
+        draw_heatmap_zoom(w, tokens, whole, title, last=40) if zoom else draw_heatmap(w, tokens, title, whole)
+        np.testing.assert_array_equal(png_pixels(tmp_path / f"canvas_{step}.png"), png_pixels(whole))
+    assert not np.array_equal(png_pixels(tmp_path / "canvas_0.png"), png_pixels(tmp_path / "canvas_1.png"))
+
+
+def test_a_canvas_draws_a_new_shape_or_a_title_appearing_whole_again(tmp_path):
+    """Maps of another length, or a title where there was none (and back), get the layout a whole draw gives them:
+    the same pixels, of the new size."""
+    canvas = HeatmapCanvas(None, heads=[2, 0])
+    cases = [(causal_maps(3, 12, seed=1), ""), (causal_maps(3, 20, seed=2), ""), (causal_maps(3, 20, seed=3), "t"),
+             (causal_maps(3, 20, seed=4), "")]
+    for k, (w, title) in enumerate(cases):
+        canvas.draw(w, title, tmp_path / f"c{k}.png")
+        draw_heatmap(w, None, title, tmp_path / f"w{k}.png", heads=[2, 0])
+        np.testing.assert_array_equal(png_pixels(tmp_path / f"c{k}.png"), png_pixels(tmp_path / f"w{k}.png"))
+    assert not np.array_equal(png_pixels(tmp_path / "c2.png"), png_pixels(tmp_path / "c3.png"))  # the title
+
+
+def test_a_canvas_checks_its_maps_like_a_whole_draw():
+    with pytest.raises(ValueError, match="last=0"):
+        HeatmapCanvas(None, zoom=True, last=0)
+    canvas = HeatmapCanvas(["a"] * 8, zoom=True)
+    with pytest.raises(ValueError):
+        canvas.draw(causal_maps(2, 9), "x")  # 9 positions, 8 tokens
+
+
+def zlib_level_class(path) -> int:
+    """The compression level class zlib writes into its stream header (FLEVEL, RFC 1950): 0 for levels 0-1,
+    1 for 2-5, 2 for 6 (Pillow's default), 3 for 7-9."""
+    data = path.read_bytes()
+    idat = data.index(b"IDAT") + 4
+    return data[idat + 1] >> 6
+
+
+@pytest.mark.parametrize("zoom", [False, True])
+def test_pngs_are_written_at_the_chosen_zlib_level(tmp_path, zoom):
+    assert PNG_COMPRESS_LEVEL == 3
+    w = causal_maps(2, 70)
+    draw_heatmap(w, None, "", tmp_path / "a.png")
+    HeatmapCanvas(None, zoom=zoom).draw(w, "", tmp_path / "b.png")
+    assert zlib_level_class(tmp_path / "a.png") == zlib_level_class(tmp_path / "b.png") == 1
