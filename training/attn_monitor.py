@@ -51,7 +51,7 @@ from insight.circuit_plot import draw_circuit
 from insight.circuits import (COMPOSITION_KINDS, Edge, composition_zscores, head_name, path_ablation,
                               strongest_edges)
 from insight.explorer import ExplorerOptions, HeadScores, write_explorer
-from insight.heatmap import LABEL_MAX_T, draw_heatmap, draw_heatmap_zoom
+from insight.heatmap import LABEL_MAX_T, HeatmapCanvas
 from insight.role_plot import draw_heads_over_training, head_series, induction_heads, induction_summary
 from insight.roles import ROLE_NAMES, prev_token_score, probe_length, probe_role_scores, role_label, role_probe
 from insight.stats import STAT_NAMES, head_stats
@@ -186,6 +186,11 @@ class AttentionMonitor:
         self.layers_drawn = cfg.attn.layers if cfg.attn.layers is not None else default_layers(model.config.n_layer)
         self.probes = Probes(cfg, model, prepared, rt)
         self.tokens = prepared.tokenizer.token_strings(self.probes.ids)
+        # one canvas per drawn layer and picture: the probe's token labels are laid out and rendered once a run
+        self.maps_canvas = {layer: HeatmapCanvas(self.tokens) for layer in self.layers_drawn}
+        # shorter probes: the full map labels every token, a zoom would repeat it
+        self.zoom_canvas = ({layer: HeatmapCanvas(self.tokens, zoom=True) for layer in self.layers_drawn}
+                            if len(self.probes.ids) > LABEL_MAX_T else {})
         self.out_dir = Path(cfg.out_dir)
         self.dir = self.out_dir / "attn"
         with could_not_write(self.dir, self.out_dir):  # out_dir/attn being a file: refused at the start
@@ -304,12 +309,12 @@ class AttentionMonitor:
             png = self.dir / f"layer_{layer}" / f"step_{step:06d}.png"
             with could_not_write(png, self.out_dir):
                 png.parent.mkdir(exist_ok=True)
-                draw_heatmap(maps[layer][0], self.tokens, title=f"layer {layer}, step {step}", path=png)
+                self.maps_canvas[layer].draw(maps[layer][0], f"layer {layer}, step {step}", png)
             images[f"attn/layer_{layer}"] = png
-            if len(self.probes.ids) > LABEL_MAX_T:  # shorter: the full map labels every token, the zoom would repeat it
+            if layer in self.zoom_canvas:
                 zoom = png.with_name(f"step_{step:06d}_zoom.png")
                 with could_not_write(zoom, self.out_dir):
-                    draw_heatmap_zoom(maps[layer][0], self.tokens, path=zoom, title=f"layer {layer}, step {step}")
+                    self.zoom_canvas[layer].draw(maps[layer][0], f"layer {layer}, step {step}", zoom)
                 images[f"attn/layer_{layer}_zoom"] = zoom
         with could_not_write(self.picture_path, self.out_dir):
             draw_heads_over_training(self.induction_rows, self.icl_rows, path=self.picture_path,

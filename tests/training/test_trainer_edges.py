@@ -119,7 +119,7 @@ def disk_full(*args, **kwargs):
 
 
 @pytest.mark.parametrize("target, path_fragment", [
-    ("training.attn_monitor.draw_heatmap", "attn/layer_0/step_000004.png"),  # a heatmap
+    ("insight.heatmap.write_file", "attn/layer_0/step_000004.png"),  # a heatmap
     ("csv.writer", "attn/icl.csv"),  # CSV rows: icl.csv, the first an eval writes (stats.csv follows)
     ("json.dumps", "metrics.jsonl"),  # stands in for the write: its OSError reaches the same handler
 ])
