@@ -42,7 +42,7 @@ import _report
 from common.errors import ArgumentParser, UserError, user_errors_exit
 from model import GPT
 from model.generate import generate
-from model.packed import PackedLinear, is_packed, onednn_available, pack_linears
+from model.packed import PackedLinear, is_packed, onednn_packs, pack_linears
 from model.quantize import Int8Linear, quantize_int8
 
 
@@ -192,7 +192,7 @@ def kernel_report(build, label: str, args: argparse.Namespace) -> None:
         "int8 (_weight_int8pack_mm)": (torch.bfloat16, lambda lin: Int8Linear.from_linear(lin, "int8")),
         "int8-dynamic (one-row kernel)": (torch.float32, lambda lin: Int8Linear.from_linear(lin, "int8-dynamic")),
     }
-    if not onednn_available():
+    if not onednn_packs(torch.bfloat16):
         del kernels["bfloat16 oneDNN-packed"]
     table = ["| kernel | block matmuls ms | GB/s | LM head ms | GB/s |", "|---|---:|---:|---:|---:|"]
     for name, (dtype, make) in kernels.items():

@@ -15,10 +15,15 @@ moves on any in-place update). It is used only where it applies, a CPU tensor of
 gradient wanted, outside torch.compile (the compiler cannot trace oneDNN's opaque tensors); everywhere else
 the layer is plain F.linear on the same weight.
 
+Which dtypes oneDNN packs depends on the CPU as well as the build: its bfloat16 path needs AVX-512 (BW, VL, DQ)
+or AVX-NE-CONVERT and raises on a plain AVX2 machine. `onednn_packs(dtype)` finds out by packing and multiplying
+a tiny weight once per dtype, and a layer of a dtype it cannot pack is left to F.linear.
+
 The cost: a second copy of every packed weight in memory (GPT-2 small in bfloat16: 250 MB more).
 """
 from __future__ import annotations
 
+import functools
 import time
 from typing import Callable
 
@@ -31,8 +36,24 @@ from model.timing import best_seconds
 
 
 def onednn_available() -> bool:
-    """Whether this torch has the oneDNN linear kernels (a CPU build with mkldnn)."""
+    """Whether this torch has the oneDNN linear kernels (a CPU build with mkldnn); onednn_packs asks this CPU."""
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+@functools.cache
+def onednn_packs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN packs and multiplies `dtype` weights on this machine: tried once on a 16 x 16 weight of
+    ones (torch raises a RuntimeError where the CPU lacks the instructions), and the product checked."""
+    if not onednn_available():
+        return False
+    ones = torch.ones(16, 16, dtype=dtype)
+    try:
+        with torch.no_grad():
+            packed = torch.ops.mkldnn._reorder_linear_weight(ones, 1)
+            product = torch.ops.mkldnn._linear_pointwise(ones[:1], packed, None, "none", [], "")
+    except RuntimeError:
+        return False
+    return bool((product == 16).all())
 
 
 class PackedLinear(nn.Module):
@@ -57,10 +78,12 @@ class PackedLinear(nn.Module):
         return self._packed[1]
 
     def uses_packed(self, x: torch.Tensor) -> bool:
-        """The packed kernel applies: a CPU input of the weight's dtype, no gradient wanted, not being compiled."""
-        return (x.device.type == "cpu" and x.dtype == self.weight.dtype and self.weight.device.type == "cpu"
+        """The packed kernel applies: not being compiled, a CPU input of the weight's dtype, no gradient wanted, a
+        dtype this CPU packs."""
+        return (not torch.compiler.is_compiling() and x.device.type == "cpu" and x.dtype == self.weight.dtype
+                and self.weight.device.type == "cpu"
                 and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
-                and not torch.compiler.is_compiling())
+                and onednn_packs(x.dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.uses_packed(x):
@@ -93,7 +116,8 @@ def pack_linears(model: nn.Module, force: bool | None = None,
     """Replace the model's matmul layers (packable_linears) by PackedLinear where that measures faster on this
     machine; returns a line saying what was timed and chosen, or None when nothing applies (not a CPU model,
     no oneDNN, nothing left to pack).
-    force: True packs and False leaves the layers as they are, without timing (tests, benchmarks).
+    force: True packs and False leaves the layers as they are, without timing (tests, benchmarks); a dtype this
+    CPU cannot pack (onednn_packs) is never packed, whatever force says.
     measure: (an nn.Linear) -> its seconds per call with F.linear and packed (time_both_ways)."""
     targets = packable_linears(model)
     if not targets or not onednn_available():
@@ -101,6 +125,9 @@ def pack_linears(model: nn.Module, force: bool | None = None,
     first = getattr(*targets[0])
     if first.weight.device.type != "cpu":
         return None
+    if not onednn_packs(first.weight.dtype):
+        dtype_name = str(first.weight.dtype).removeprefix("torch.")
+        return f"matmul weights left to F.linear: oneDNN cannot pack {dtype_name} weights on this CPU"
     if force is None:
         plain_s, packed_s = measure(first)
         force = packed_s < plain_s

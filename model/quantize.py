@@ -38,6 +38,12 @@ Two modes, both with these weights:
                    one exception: FBGEMM's step is never finer than FBGEMM_SMALLEST_SCALE (6.1e-5), so a row
                    whose range is under 255 x 6.1e-5 = 0.0156 (activations all but zero) is rounded to those
                    coarser steps there, an output error up to 6.1e-5 * sum_k |q_nk s_n| instead of s_x * ....
+                   On a CPU without VNNI the one-row kernels multiply u8 x s8 pairs with AVX2's vpmaddubsw,
+                   which adds two products into a saturating int16: 2 x 255 x 127 does not fit, and an output
+                   came out at half its value. `activation_levels()` tries the kernels on that worst case once;
+                   where they saturate, every path (the one-row kernels and torch._int_mm alike, so that a
+                   prefill and a decode step agree) quantizes activations to 128 levels (7 bits, what torch calls
+                   reduce_range), under which every pair fits; s_x is then range / 127.
 
 Measured on the development machine (2 threads, batch 1, GPT-2 small's 48 block matmuls, 12 layers of 768-wide
 qkv/out/fc_in/fc_out, each of the 48 a separate weight so that they stream from memory as in a decode step, and
@@ -61,6 +67,7 @@ dequantized weight, in the scales' dtype: the numbers that run.
 """
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 from typing import Callable
@@ -70,7 +77,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from common.errors import UserError
-from model.packed import PackedLinear, onednn_available
+from model.packed import PackedLinear, onednn_packs
 from model.timing import best_seconds
 
 QUANTIZE_MODES = ("int8", "int8-dynamic")
@@ -101,16 +108,18 @@ def quantize_per_channel(weight: torch.Tensor, scale_dtype: torch.dtype = torch.
     return q, stored
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_rows(x: torch.Tensor, levels: int = 256) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x (N, in) float -> (uint8 (N, in), scales float32 (N, 1), zero points int32 (N, 1)): each row on its own
-    256 levels over [min(row, 0), max(row, 0)], x ~ (q - zero) * scale; an all-zero row gets scale 1."""
+    `levels` levels (codes 0 .. levels - 1) over [min(row, 0), max(row, 0)], x ~ (q - zero) * scale; an all-zero
+    row gets scale 1."""
+    top = levels - 1
     x = x.float()
     low = x.amin(dim=1, keepdim=True).clamp(max=0.0)  # (N, 1)
     high = x.amax(dim=1, keepdim=True).clamp(min=0.0)
-    scales = (high - low) / 255.0
+    scales = (high - low) / top
     scales = torch.where(scales > 0, scales, torch.ones_like(scales))
-    zeros = torch.round(-low / scales).clamp(0, 255)  # the code of 0.0
-    q = (torch.round(x / scales) + zeros).clamp(0, 255).to(torch.uint8)
+    zeros = torch.round(-low / scales).clamp(0, top)  # the code of 0.0
+    q = (torch.round(x / scales) + zeros).clamp(0, top).to(torch.uint8)
     return q, scales, zeros.to(torch.int32)
 
 
@@ -142,6 +151,46 @@ def _fbgemm_prepack(weight_int8: torch.Tensor, scales: torch.Tensor, bias: torch
         torch.backends.quantized.engine = previous
 
 
+PROBE_WIDTH = 64  # in_features of the saturation probe: 32 pairs of products, each pair 2 x 255 x 127 at worst
+
+
+def _one_row_kernels_exact(levels: int) -> bool:
+    """Whether the one-row int8-dynamic kernels this torch has (FBGEMM's, oneDNN's) give the exact product on
+    the worst case for `levels`-level activations: every code at its top, every weight 127."""
+    top = levels - 1
+    weight = torch.full((8, PROBE_WIDTH), INT8_MAX, dtype=torch.int8)
+    exact = float(PROBE_WIDTH * top * INT8_MAX)  # with unit scales and zero points 0
+    fbgemm = _fbgemm_prepack(weight, torch.ones(8), None)
+    if fbgemm is not None:
+        # a row of ones lies on [0, 1]: scale 1 / top, every code top; the product comes back times that scale
+        y = torch.ops.quantized.linear_dynamic(torch.ones(1, PROBE_WIDTH), fbgemm, levels < 256) * top
+        if not bool(((y - exact).abs() <= 1e-4 * exact).all()):
+            return False
+    if _onednn_int8_available():
+        y = torch.ops.onednn.qlinear_pointwise.tensor(
+            torch.full((1, PROBE_WIDTH), top, dtype=torch.uint8), torch.tensor(1.0), torch.tensor(0),
+            torch.ops.onednn.qlinear_prepack(weight, None), torch.ones(8), torch.zeros(8, dtype=torch.long),
+            None, 1.0, 0, torch.float32, "none", [], "")
+        if not bool(((y - exact).abs() <= 1e-4 * exact).all()):
+            return False
+    return True
+
+
+@functools.cache
+def activation_levels() -> int:
+    """The levels int8-dynamic quantizes each activation row to on this machine: 256 where its one-row kernels
+    sum u8 x s8 products exactly, 128 where 256 saturates them (module doc). Measured once, on the first
+    int8-dynamic layer."""
+    return 256 if _one_row_kernels_exact(256) else 128
+
+
+@functools.cache
+def one_row_kernels_usable() -> bool:
+    """Whether the one-row kernels are exact at activation_levels() (a kernel that is not, even at 7 bits, is
+    never used: torch._int_mm, exact in int32, takes every row instead)."""
+    return activation_levels() == 256 or _one_row_kernels_exact(128)
+
+
 class Int8Linear(nn.Module):
     """y = x W^T + b with W held as int8 (out, in) and per-output-channel scales (out,); mode "int8" (weight-only)
     or "int8-dynamic" (activations quantized per row too). Module doc: kernels and numbers."""
@@ -167,7 +216,8 @@ class Int8Linear(nn.Module):
         if mode == "int8-dynamic":
             # sum_k q_nk per output channel (out,): the zero point's share of the integer product
             self.register_buffer("row_sums", weight_int8.sum(dim=1, dtype=torch.int32), persistent=False)
-            if weight_int8.device.type == "cpu":
+            self.levels = activation_levels()
+            if weight_int8.device.type == "cpu" and one_row_kernels_usable():
                 self._fbgemm_weight = _fbgemm_prepack(self.weight_int8, self.scales_f32, self.bias)
                 if self._fbgemm_weight is None and _onednn_int8_available():
                     self._onednn_weight = torch.ops.onednn.qlinear_prepack(self.weight_int8, None)
@@ -202,7 +252,8 @@ class Int8Linear(nn.Module):
         if self._fbgemm_weight is not None and x.numel() == self.in_features and not torch.compiler.is_compiling():
             # one token (a batch-1 decode step), first and with as little Python as can be, ~50 of them a token:
             # FBGEMM quantizes the row (its min/max, 0 included, over 256 levels), multiplies, adds the bias
-            return torch.ops.quantized.linear_dynamic(x.float(), self._fbgemm_weight, False).to(x.dtype)
+            # (reduce_range True: 128 levels, where 256 saturate this CPU's kernel: activation_levels)
+            return torch.ops.quantized.linear_dynamic(x.float(), self._fbgemm_weight, self.levels < 256).to(x.dtype)
         return self.run(x, one_row_kernels=not torch.compiler.is_compiling())
 
     def run(self, x: torch.Tensor, one_row_kernels: bool) -> torch.Tensor:
@@ -221,7 +272,7 @@ class Int8Linear(nn.Module):
 
     def _dynamic(self, rows: torch.Tensor, one_row_kernels: bool) -> torch.Tensor:
         """rows (N, in) -> (N, out) in rows' dtype, each row's activations quantized on its own (module doc)."""
-        q, scales, zeros = quantize_rows(rows)  # (N, in) uint8, (N, 1), (N, 1)
+        q, scales, zeros = quantize_rows(rows, self.levels)  # (N, in) uint8, (N, 1), (N, 1)
         out_dtype = rows.dtype if rows.dtype in (torch.float32, torch.bfloat16) else torch.float32
         if rows.device.type != "cpu":  # the same numbers without an int8 kernel: dequantize both sides
             y = F.linear((q.float() - zeros) * scales, self.dequantized(torch.float32))
@@ -253,7 +304,7 @@ def _head_seconds(model: nn.Module, candidate: Int8Linear, clock: Callable[[], f
     row = torch.randn(1, 1, candidate.in_features, generator=torch.Generator().manual_seed(0)).to(
         device=model.tok_emb.weight.device, dtype=model.tok_emb.weight.dtype)
     kernels = {"float": lambda: model.logits(row), "int8": lambda: candidate(row)}
-    if onednn_available():  # (quantize_int8 takes CPU models only)
+    if onednn_packs(row.dtype):  # (quantize_int8 takes CPU models only)
         packed = PackedLinear(model.lm_head)  # a second copy of the head for the timing only
         kernels["float packed"] = lambda: packed(row)
     with torch.no_grad():
@@ -302,6 +353,9 @@ def quantize_int8(model: nn.Module, mode: str = "int8", lm_head: bool | None = N
             head_note = "LM head int8 (asked for)"
         if lm_head:
             model.lm_head = candidate  # a tied head's own int8 copy: tok_emb stays float
-    description = f"{mode} ({MODE_TEXT[mode]}; per-channel scales) in {len(targets)} block matmuls, {head_note}"
+    mode_text = MODE_TEXT[mode]
+    if mode == "int8-dynamic" and activation_levels() < 256:
+        mode_text += f" on {activation_levels()} levels (this CPU's int8 kernels saturate on 256)"
+    description = f"{mode} ({mode_text}; per-channel scales) in {len(targets)} block matmuls, {head_note}"
     model.__dict__["_quantization"] = description
     return description

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 from model import GPT, ModelConfig
 from model.generate import generate
-from model.packed import PackedLinear, is_packed, pack_linears, packable_linears, onednn_available
+import model.packed as packed_module
+from model.packed import PackedLinear, is_packed, onednn_available, onednn_packs, pack_linears, packable_linears
 
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN (mkldnn) kernels")
 
@@ -31,7 +32,8 @@ def test_packed_layer_equals_f_linear(dtype, bias, shape):
     x = torch.randn(*shape, dtype=dtype)
     with torch.no_grad():
         got = packed(x)
-        assert packed._packed is not None  # the packed kernel ran, not the fallback
+        # the packed kernel ran where this CPU packs the dtype (oneDNN's bfloat16 needs AVX-512), else F.linear
+        assert (packed._packed is not None) == onednn_packs(dtype)
         expected = F.linear(x.double(), linear.weight.double(), None if linear.bias is None else linear.bias.double())
     assert got.shape == (*shape[:-1], 40) and got.dtype == dtype
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
@@ -71,6 +73,7 @@ def test_pack_linears_replaces_every_matmul_and_keeps_the_state_dict():
 def test_packed_model_generates_the_same_tokens(dtype):
     plain, packed = tiny(dtype=dtype), tiny(dtype=dtype)
     pack_linears(packed, force=True)
+    assert is_packed(packed) == onednn_packs(dtype)
     prompt = torch.randint(0, 97, (2, 5), generator=torch.Generator().manual_seed(3))
     for kv in (True, False):
         a = generate(plain, prompt, 20, temperature=0, use_kv_cache=kv)
@@ -109,3 +112,35 @@ def test_a_compiled_decode_step_on_a_packed_model_equals_eager():
     torch._dynamo.reset()
     assert torch.equal(generate(model, prompt, 10, temperature=0, compile=True),
                        generate(model, prompt, 10, temperature=0))
+
+
+def test_a_dtype_this_cpu_cannot_pack_is_left_to_f_linear_whatever_force_says(monkeypatch):
+    """On a CPU whose oneDNN cannot pack the weights' dtype (bfloat16 without AVX-512), nothing is packed or timed,
+    and the line says why."""
+    monkeypatch.setattr(packed_module, "onednn_packs", lambda dtype: False)
+    def never(linear):
+        raise AssertionError("a kernel that cannot run was timed")
+    for force in (None, True):
+        model = tiny()
+        note = pack_linears(model, force=force, measure=never)
+        assert not is_packed(model)
+        assert note == "matmul weights left to F.linear: oneDNN cannot pack float32 weights on this CPU"
+    layer = PackedLinear(nn.Linear(16, 8))
+    x = torch.randn(1, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+    assert layer._packed is None  # F.linear ran
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_onednn_packs_says_whether_the_kernel_runs_here(dtype):
+    """Its answer against the kernel itself at another shape: where it says no, packing raises on this CPU."""
+    weight = torch.randn(40, 24).to(dtype)
+    if onednn_packs(dtype):
+        with torch.no_grad():
+            torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+    else:
+        with pytest.raises(RuntimeError):
+            torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+    if dtype == torch.float32:
+        assert onednn_packs(dtype)  # oneDNN's float32 path runs on every x86-64 CPU torch supports

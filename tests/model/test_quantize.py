@@ -18,9 +18,9 @@ from hypothesis.extra.numpy import arrays
 from common.errors import UserError
 from model import GPT, ModelConfig
 import model.quantize as quantize_module
-from model.packed import PackedLinear, onednn_available
-from model.quantize import FBGEMM_SMALLEST_SCALE, Int8Linear, is_quantized, quantization_of, quantize_int8, quantize_per_channel, \
-    quantize_rows
+from model.packed import PackedLinear, onednn_packs
+from model.quantize import (FBGEMM_SMALLEST_SCALE, Int8Linear, activation_levels, is_quantized, one_row_kernels_usable,
+                            quantization_of, quantize_int8, quantize_per_channel, quantize_rows)
 
 
 def tiny_gpt(tie: bool = True, d_model: int = 32, **overrides) -> GPT:
@@ -53,20 +53,90 @@ def test_round_trip_is_within_half_a_scale_per_row_and_zero_rows_stay_exact(w, z
             assert int(q[row].abs().max()) >= (126 if bf16_scales else 127)
 
 
-def test_per_token_activation_rounding_keeps_each_row_on_its_own_levels():
+@pytest.mark.parametrize("levels", [256, 128])
+def test_per_token_activation_rounding_keeps_each_row_on_its_own_levels(levels):
     x = torch.tensor([[0.0, 0.0, 0.0], [-1.0, 0.5, 3.0], [1e-3, 2e-3, 4e-3]])
-    q, scales, zeros = quantize_rows(x)
+    q, scales, zeros = quantize_rows(x, levels)
     assert q.dtype == torch.uint8 and scales.shape == (3, 1) and zeros.shape == (3, 1)
+    assert int(q.max()) == levels - 1 and int(q[1].min()) == 0  # row 1 spans every code, and no more
+    torch.testing.assert_close(scales[1], torch.tensor([4.0 / (levels - 1)]))
     back = (q.float() - zeros) * scales
     assert torch.equal(back[0], torch.zeros(3))  # a zero row stays zero
     assert bool(((back - x).abs() <= scales * (1 + 1e-6)).all())  # at most one level of its own row
     assert float(scales[2]) < 1e-4  # a row of small values is not flattened by a row of large ones
 
 
+@pytest.fixture
+def kernels_that_saturate(monkeypatch):
+    """Stand in a machine whose one-row int8 kernels are exact only at the levels `exact_at` holds (a CPU without
+    VNNI: only at 128), the cached decisions measured again for it and once more afterwards."""
+    def set_exact(*exact_at):
+        monkeypatch.setattr(quantize_module, "_one_row_kernels_exact", lambda levels: levels in exact_at)
+        activation_levels.cache_clear()
+        one_row_kernels_usable.cache_clear()
+    yield set_exact
+    monkeypatch.undo()
+    activation_levels.cache_clear()
+    one_row_kernels_usable.cache_clear()
+
+
+def saturating_case(rows: int) -> tuple[nn.Linear, torch.Tensor]:
+    """Weights that all quantize to 127 or -127 and activation rows whose codes all sit at the top: the products a
+    kernel adding u8 x s8 pairs into int16 cannot hold (2 x 255 x 127 > 32767)."""
+    linear = nn.Linear(64, 16, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(torch.where(torch.arange(16)[:, None] % 2 == 0, 1.0, -1.0).expand(16, 64))
+    return linear, torch.full((rows, 64), 0.5) + torch.arange(rows)[:, None]
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_the_products_a_saturating_kernel_cannot_hold_come_out_exact(rows):
+    """This machine's kernels at the levels measured for it: the worst case for int16 pair sums equals float64's
+    product of the same quantized numbers (it came out at half its value on an AVX2 CPU at 256 levels)."""
+    linear, x = saturating_case(rows)
+    layer = Int8Linear.from_linear(linear, "int8-dynamic")
+    with torch.no_grad():
+        y = layer(x)
+    q, scales, zeros = quantize_rows(x, activation_levels())
+    assert int(q.min()) == activation_levels() - 1  # every code at the top
+    reference = F.linear((q.double() - zeros) * scales.double(), layer.weight.double())
+    torch.testing.assert_close(y.double(), reference, rtol=1e-5, atol=1e-5)
+
+
+def test_kernels_that_saturate_at_256_levels_get_128_everywhere(kernels_that_saturate):
+    kernels_that_saturate(128)
+    assert activation_levels() == 128 and one_row_kernels_usable()
+    linear, x = saturating_case(1)
+    layer = Int8Linear.from_linear(linear, "int8-dynamic")
+    rows = torch.randn(5, 64, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        one, several = layer(rows[:1]), layer(rows)  # a one-row kernel where present, torch._int_mm for several
+    q, scales, zeros = quantize_rows(rows, 128)
+    reference = F.linear((q.double() - zeros) * scales.double(), layer.weight.double())
+    torch.testing.assert_close(several.double(), reference, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(one.double(), reference[:1], rtol=1e-5, atol=1e-5)
+    assert "on 128 levels" in quantize_int8(tiny_gpt(), "int8-dynamic", lm_head=False)
+    kernels_that_saturate(256, 128)
+    assert activation_levels() == 256 and "levels" not in quantize_int8(tiny_gpt(), "int8-dynamic", lm_head=False)
+
+
+def test_kernels_exact_at_no_levels_are_not_used(kernels_that_saturate):
+    kernels_that_saturate()
+    assert activation_levels() == 128 and not one_row_kernels_usable()
+    linear, x = saturating_case(1)
+    layer = Int8Linear.from_linear(linear, "int8-dynamic")
+    assert layer._fbgemm_weight is None and layer._onednn_weight is None  # torch._int_mm takes every row
+    with torch.no_grad():
+        y = layer(x)
+    q, scales, zeros = quantize_rows(x, 128)
+    torch.testing.assert_close(y.double(), F.linear((q.double() - zeros) * scales.double(), layer.weight.double()),
+                               rtol=1e-5, atol=1e-5)
+
+
 def dynamic_bound(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """|y - x W^T| allowed when each activation row moves by up to one of its levels: s_x * sum_k |W_nk|,
     (N, out) for x (N, in)."""
-    _, scales, _ = quantize_rows(x.reshape(-1, x.shape[-1]))
+    _, scales, _ = quantize_rows(x.reshape(-1, x.shape[-1]), activation_levels())
     return scales * weight.abs().sum(dim=1)[None, :]
 
 
@@ -119,7 +189,7 @@ def test_dynamic_mode_is_per_token_in_every_kernel(monkeypatch, one_row_kernel):
     with torch.no_grad():
         together = layer(rows)  # (4, 24), the several-rows kernel
         alone = torch.cat([layer(rows[i:i + 1]) for i in range(4)])  # the one-row kernel, each on its own
-    q, scales, zeros = quantize_rows(rows)
+    q, scales, zeros = quantize_rows(rows, activation_levels())
     reference = F.linear((q.double() - zeros) * scales.double(), layer.weight.double())  # dequantized both sides
     for y in (together, alone):
         torch.testing.assert_close(y.double(), reference, rtol=1e-5, atol=1e-5)
@@ -194,9 +264,9 @@ def test_the_head_is_decided_by_measurement(monkeypatch, costs_ms, int8_kept):
     monkeypatch.setattr(PackedLinear, "forward", timed_packed)
     monkeypatch.setattr(model, "logits", timed_float)
     description = quantize_int8(model, "int8", clock=lambda: clock.now)
-    timed = ("int8", "float", "packed") if onednn_available() else ("int8", "float")
+    timed = ("int8", "float", "packed") if onednn_packs(model.tok_emb.weight.dtype) else ("int8", "float")
     assert all(clock.calls[kind] >= 3 for kind in timed)  # every candidate was measured
-    if not onednn_available():
+    if not onednn_packs(model.tok_emb.weight.dtype):
         int8_kept = costs_ms[0] < costs_ms[1]
     assert isinstance(model.lm_head, Int8Linear) is int8_kept
     assert ("LM head int8" if int8_kept else "LM head float") in description and "measured" in description
@@ -222,15 +292,15 @@ def test_what_quantize_cannot_do_is_refused_before_anything_changes():
 def test_one_row_dynamic_kernel_equals_the_per_token_reference_at_any_shape(in_features, out_features, bias, scale,
                                                                             seed):
     """Whatever the widths and the row's scale: one row through the one-row kernel (FBGEMM where present) gives the
-    numbers of the row quantized on its own 256 levels times the dequantized weight, plus the bias; only a row
-    whose step would be finer than FBGEMM's smallest is rounded to that step instead (module doc)."""
+    numbers of the row quantized on its own levels (activation_levels) times the dequantized weight, plus the
+    bias; only a row whose step would be finer than FBGEMM's smallest is rounded to that step instead (module doc)."""
     gen = torch.Generator().manual_seed(seed)
     linear = nn.Linear(in_features, out_features, bias=bias)
     layer = Int8Linear.from_linear(linear, "int8-dynamic")
     x = torch.randn(1, 1, in_features, generator=gen) * scale
     with torch.no_grad():
         y = layer(x)
-    q, scales, zeros = quantize_rows(x.reshape(1, -1))
+    q, scales, zeros = quantize_rows(x.reshape(1, -1), activation_levels())
     reference = F.linear((q.double() - zeros) * scales.double(), layer.weight.double(),
                          None if not bias else linear.bias.detach().double()).reshape(1, 1, -1)
     magnitude = (((q.double() - zeros) * scales.double()).abs() @ layer.weight.double().abs().T).reshape(1, 1, -1)
