@@ -201,7 +201,7 @@ def kernel_report(build, label: str, args: argparse.Namespace) -> None:
             head_layer = make(head).eval()
             rows = [torch.randn(1, lin.in_features, generator=torch.Generator().manual_seed(i)).to(dtype)
                     for i, lin in enumerate(blocks)]
-            head_row = rows[0][:, :head.in_features]
+            head_row = torch.randn(1, head.in_features, generator=torch.Generator().manual_seed(len(rows))).to(dtype)
             seconds = _report.interleaved({"blocks": lambda: [layer(x) for layer, x in zip(layers, rows)],
                                            "head": lambda: head_layer(head_row)}, rounds=args.rounds, calls=3,
                                           warmup=2)
