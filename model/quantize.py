@@ -155,25 +155,28 @@ PROBE_WIDTH = 64  # in_features of the saturation probe: 32 pairs of products, e
 
 
 def _one_row_kernels_exact(levels: int) -> bool:
-    """Whether the one-row int8-dynamic kernels this torch has (FBGEMM's, oneDNN's) give the exact product on
-    the worst case for `levels`-level activations: every code at its top, every weight 127."""
+    """Whether the one-row int8-dynamic kernel this torch would run (FBGEMM's, else oneDNN's; Int8Linear's
+    order) gives the exact product on the worst case for `levels`-level activations: every code at its top,
+    every weight 127. A kernel that raises on this CPU counts as not exact; with neither kernel there is
+    nothing to saturate."""
     top = levels - 1
     weight = torch.full((8, PROBE_WIDTH), INT8_MAX, dtype=torch.int8)
     exact = float(PROBE_WIDTH * top * INT8_MAX)  # with unit scales and zero points 0
-    fbgemm = _fbgemm_prepack(weight, torch.ones(8), None)
-    if fbgemm is not None:
-        # a row of ones lies on [0, 1]: scale 1 / top, every code top; the product comes back times that scale
-        y = torch.ops.quantized.linear_dynamic(torch.ones(1, PROBE_WIDTH), fbgemm, levels < 256) * top
-        if not bool(((y - exact).abs() <= 1e-4 * exact).all()):
-            return False
-    if _onednn_int8_available():
-        y = torch.ops.onednn.qlinear_pointwise.tensor(
-            torch.full((1, PROBE_WIDTH), top, dtype=torch.uint8), torch.tensor(1.0), torch.tensor(0),
-            torch.ops.onednn.qlinear_prepack(weight, None), torch.ones(8), torch.zeros(8, dtype=torch.long),
-            None, 1.0, 0, torch.float32, "none", [], "")
-        if not bool(((y - exact).abs() <= 1e-4 * exact).all()):
-            return False
-    return True
+    try:
+        fbgemm = _fbgemm_prepack(weight, torch.ones(8), None)
+        if fbgemm is not None:
+            # a row of ones lies on [0, 1]: scale 1 / top, every code top; the product comes back times that scale
+            y = torch.ops.quantized.linear_dynamic(torch.ones(1, PROBE_WIDTH), fbgemm, levels < 256) * top
+        elif _onednn_int8_available():
+            y = torch.ops.onednn.qlinear_pointwise.tensor(
+                torch.full((1, PROBE_WIDTH), top, dtype=torch.uint8), torch.tensor(1.0), torch.tensor(0),
+                torch.ops.onednn.qlinear_prepack(weight, None), torch.ones(8), torch.zeros(8, dtype=torch.long),
+                None, 1.0, 0, torch.float32, "none", [], "")
+        else:
+            return True
+    except RuntimeError:
+        return False
+    return bool(((y - exact).abs() <= 1e-4 * exact).all())
 
 
 @functools.cache

@@ -309,3 +309,13 @@ def test_one_row_dynamic_kernel_equals_the_per_token_reference_at_any_shape(in_f
         tolerance = tolerance + FBGEMM_SMALLEST_SCALE * layer.weight.double().abs().sum(dim=1)  # one FBGEMM step
     assert y.shape == (1, 1, out_features)
     assert bool(((y.double() - reference).abs() <= tolerance).all())
+
+
+def test_the_saturation_probe_counts_a_raising_kernel_as_inexact_and_no_kernel_as_exact(monkeypatch):
+    def raises(*args):
+        raise RuntimeError("this CPU lacks the instructions")
+    monkeypatch.setattr(quantize_module, "_fbgemm_prepack", raises)
+    assert not quantize_module._one_row_kernels_exact(256) and not quantize_module._one_row_kernels_exact(128)
+    monkeypatch.setattr(quantize_module, "_fbgemm_prepack", lambda weight, scales, bias: None)
+    monkeypatch.setattr(quantize_module, "_onednn_int8_available", lambda: False)
+    assert quantize_module._one_row_kernels_exact(256)  # torch._int_mm alone: exact in int32, nothing saturates
