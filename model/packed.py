@@ -6,7 +6,11 @@ can first reorder a weight into its own blocked layout, made for the vector unit
 multiply by it for every token. For GPT-2 small's 48 block matmuls and its LM head in bfloat16 at batch 1
 on a 2-core AMD EPYC with AVX512-BF16, the prepacked chain took about half the time of F.linear's
 (benchmarks/RESULTS.md). Whether it is faster depends on the CPU and the dtype, so `pack_linears` decides by
-timing one layer both ways on this machine, never by a rule of thumb.
+timing both ways on this machine, never by a rule of thumb; and it times what a decode step does, each matmul
+layer once in turn, so that the weights come from memory as they do when decoding: one layer called again
+and again sits in the cache. On a 2-core AVX2 EPYC (32 MiB L3) one cache-hot 2304 x 768 float32 layer timed
+0.90-1.06x packed over F.linear, flipping the choice from run to run, while GPT-2 small's 48 block matmuls in
+turn were 1.29-1.33x faster packed every time.
 
 A PackedLinear keeps the nn.Linear's own weight and bias Parameters, under the same names, so the state dict,
 the insight code that reads `.weight` and anything that trains the model see what they saw before; the packed
@@ -100,40 +104,63 @@ def packable_linears(model: nn.Module) -> list[tuple[nn.Module, str]]:
     return [(parent, attr) for _, parent, attr in model.matmul_slots() if isinstance(getattr(parent, attr), nn.Linear)]
 
 
-def time_both_ways(linear: nn.Linear, clock: Callable[[], float] = time.perf_counter) -> tuple[float, float]:
-    """Seconds per call of `linear` on one row, (F.linear, the packed kernel), in interleaved rounds
-    (model/timing.py): one layer stands for all, each block's matmuls being of the same few shapes."""
-    x = torch.randn(1, 1, linear.in_features, dtype=linear.weight.dtype)
-    packed = PackedLinear(linear)
+TIMED_BYTES = 512 * 2**20  # the layers timed in turn: at most this many bytes of weights (all of a small model's),
+# more than a CPU's last-level cache, so that they stream from memory as in a decode step
+TIMING_ROUNDS, TIMING_CALLS = 3, 2  # interleaved rounds of passes over the timed layers (model/timing.py)
+
+
+def layers_to_time(layers: list[nn.Linear]) -> list[nn.Linear]:
+    """The first of `layers` whose weights add up to TIMED_BYTES (at least one layer; all of them when smaller)."""
+    chosen, total = [], 0
+    for layer in layers:
+        if chosen and total >= TIMED_BYTES:
+            break
+        chosen.append(layer)
+        total += layer.weight.numel() * layer.weight.element_size()
+    return chosen
+
+
+def time_both_ways(layers: list[nn.Linear], clock: Callable[[], float] = time.perf_counter) -> tuple[float, float]:
+    """Seconds of one pass over `layers`, each called once in turn on a row of its own, (F.linear, the packed
+    kernel), in interleaved rounds (model/timing.py). The packed copies made for the timing are dropped."""
+    rows = [torch.randn(1, 1, layer.in_features, generator=torch.Generator().manual_seed(i)).to(layer.weight.dtype)
+            for i, layer in enumerate(layers)]
+    packed = [PackedLinear(layer) for layer in layers]
     with torch.no_grad():
-        seconds = best_seconds({"plain": lambda: F.linear(x, linear.weight, linear.bias), "packed": lambda: packed(x)},
-                               clock=clock)
+        seconds = best_seconds({"plain": lambda: [F.linear(x, layer.weight, layer.bias)
+                                                  for layer, x in zip(layers, rows)],
+                                "packed": lambda: [layer(x) for layer, x in zip(packed, rows)]},
+                               rounds=TIMING_ROUNDS, calls=TIMING_CALLS, clock=clock)
     return seconds["plain"], seconds["packed"]
 
 
 def pack_linears(model: nn.Module, force: bool | None = None,
-                 measure: Callable[[nn.Linear], tuple[float, float]] = time_both_ways) -> str | None:
+                 measure: Callable[[list[nn.Linear]], tuple[float, float]] = time_both_ways) -> str | None:
     """Replace the model's matmul layers (packable_linears) by PackedLinear where that measures faster on this
     machine; returns a line saying what was timed and chosen, or None when nothing applies (not a CPU model,
     no oneDNN, nothing left to pack).
     force: True packs and False leaves the layers as they are, without timing (tests, benchmarks); a dtype this
     CPU cannot pack (onednn_packs) is never packed, whatever force says.
-    measure: (an nn.Linear) -> its seconds per call with F.linear and packed (time_both_ways)."""
+    measure: (the layers to time, layers_to_time) -> seconds of one pass over them with F.linear and packed
+    (time_both_ways)."""
     targets = packable_linears(model)
     if not targets or not onednn_available():
         return None
-    first = getattr(*targets[0])
+    layers = [getattr(parent, name) for parent, name in targets]
+    first = layers[0]
     if first.weight.device.type != "cpu":
         return None
     if not onednn_packs(first.weight.dtype):
         dtype_name = str(first.weight.dtype).removeprefix("torch.")
         return f"matmul weights left to F.linear: oneDNN cannot pack {dtype_name} weights on this CPU"
     if force is None:
-        plain_s, packed_s = measure(first)
+        timed = layers_to_time(layers)
+        plain_s, packed_s = measure(timed)
         force = packed_s < plain_s
-        note = (f"matmul weights {'prepacked for oneDNN' if force else 'left to F.linear'}: one "
-                f"{first.out_features}x{first.in_features} layer {plain_s * 1e6:.0f} us with F.linear, "
-                f"{packed_s * 1e6:.0f} us packed")
+        megabytes = sum(layer.weight.numel() * layer.weight.element_size() for layer in timed) / 1e6
+        note = (f"matmul weights {'prepacked for oneDNN' if force else 'left to F.linear'}: {len(timed)} "
+                f"layer{'s' if len(timed) > 1 else ''} in turn ({megabytes:.3g} MB) {plain_s * 1e3:.3g} ms with "
+                f"F.linear, {packed_s * 1e3:.3g} ms packed")
     else:
         note = f"matmul weights {'prepacked for oneDNN' if force else 'left to F.linear'} (not timed)"
     if force:

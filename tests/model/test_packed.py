@@ -3,6 +3,7 @@ every change to the weight, leave training and the state dict as they were, and 
 from __future__ import annotations
 
 import platform
+import unittest.mock as mock
 
 import pytest
 import torch
@@ -88,11 +89,18 @@ def test_packed_model_generates_the_same_tokens(dtype):
 
 
 def test_the_measured_faster_kernel_is_chosen():
-    slower_packed, faster_packed = (lambda linear: (1e-4, 2e-4)), (lambda linear: (2e-4, 1e-4))
+    timed = []
+    def slower_packed(layers):
+        timed.append(layers)
+        return 1e-4, 2e-4
     model = tiny()
     note = pack_linears(model, measure=slower_packed)
-    assert not is_packed(model) and "left to F.linear" in note and "100 us with F.linear, 200 us packed" in note
-    note = pack_linears(model, measure=faster_packed)
+    # the whole of a small model is timed, each matmul layer once in turn, as a decode step runs them
+    assert timed[0] == [getattr(parent, name) for parent, name in packable_linears(model)]
+    megabytes = sum(layer.weight.numel() * 4 for layer in timed[0]) / 1e6
+    assert not is_packed(model) and note == (f"matmul weights left to F.linear: 9 layers in turn ({megabytes:.3g} "
+                                             f"MB) 0.1 ms with F.linear, 0.2 ms packed")
+    note = pack_linears(model, measure=lambda layers: (2e-4, 1e-4))
     assert is_packed(model) and "prepacked" in note
     untouched = tiny()
     assert "not timed" in pack_linears(untouched, force=False) and not is_packed(untouched)
@@ -120,7 +128,7 @@ def test_a_dtype_this_cpu_cannot_pack_is_left_to_f_linear_whatever_force_says(mo
     """On a CPU whose oneDNN cannot pack the weights' dtype (bfloat16 without AVX-512), nothing is packed or timed,
     and the line says why."""
     monkeypatch.setattr(packed_module, "onednn_packs", lambda dtype: False)
-    def never(linear):
+    def never(layers):
         raise AssertionError("a kernel that cannot run was timed")
     for force in (None, True):
         model = tiny()
@@ -146,3 +154,35 @@ def test_onednn_packs_says_whether_the_kernel_runs_here(dtype):
             torch.ops.mkldnn._reorder_linear_weight(weight, 1)
     if dtype == torch.float32 and platform.machine().lower() in ("x86_64", "amd64"):
         assert onednn_packs(dtype)  # oneDNN's float32 path runs on every x86-64 CPU torch supports
+
+
+def test_the_layers_timed_stop_at_the_byte_budget(monkeypatch):
+    """Up to TIMED_BYTES of weights (so that they stream from memory), at least one layer, in the model's order."""
+    layers = [nn.Linear(64, 64, bias=False) for _ in range(10)]  # 16 KiB of float32 weights each
+    monkeypatch.setattr(packed_module, "TIMED_BYTES", 3 * 16384)
+    assert packed_module.layers_to_time(layers) == layers[:3]
+    monkeypatch.setattr(packed_module, "TIMED_BYTES", 3 * 16384 + 1)
+    assert packed_module.layers_to_time(layers) == layers[:4]
+    monkeypatch.setattr(packed_module, "TIMED_BYTES", 1)
+    assert packed_module.layers_to_time(layers) == layers[:1]
+    monkeypatch.setattr(packed_module, "TIMED_BYTES", 10**12)
+    assert packed_module.layers_to_time(layers) == layers
+
+
+def test_time_both_ways_times_one_pass_over_the_layers_each_way():
+    """Its seconds are those of a pass over all the layers given, on their own rows: a clock that advances by one
+    unit per layer call makes a pass cost as many units as there are layers, whichever kernel."""
+    calls = {"n": 0}
+    layers = [nn.Linear(16, 8) for _ in range(3)]
+    original = F.linear
+    def counted(*args, **kwargs):
+        calls["n"] += 1
+        return original(*args, **kwargs)
+    packed_forward = PackedLinear.forward
+    def counted_packed(self, x):
+        calls["n"] += 1
+        return packed_forward(self, x)
+    with mock.patch.object(packed_module.F, "linear", counted), \
+            mock.patch.object(PackedLinear, "forward", counted_packed):
+        plain_s, packed_s = packed_module.time_both_ways(layers, clock=lambda: float(calls["n"]))
+    assert (plain_s, packed_s) == (3.0, 3.0)
