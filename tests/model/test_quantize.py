@@ -80,20 +80,27 @@ def kernels_that_saturate(monkeypatch):
     one_row_kernels_usable.cache_clear()
 
 
-def saturating_case(rows: int) -> tuple[nn.Linear, torch.Tensor]:
-    """Weights that all quantize to 127 or -127 and activation rows whose codes all sit at the top: the products a
-    kernel adding u8 x s8 pairs into int16 cannot hold (2 x 255 x 127 > 32767)."""
-    linear = nn.Linear(64, 16, bias=False)
+def saturating_case(rows: int, in_features: int = 64, signs_seed: int | None = None) -> tuple[nn.Linear, torch.Tensor]:
+    """Weights that all quantize to 127 or -127 (alternating by row, or random signs from signs_seed) and activation
+    rows whose codes all sit at the top: the products a kernel adding u8 x s8 pairs into int16 cannot hold
+    (2 x 255 x 127 > 32767)."""
+    linear = nn.Linear(in_features, 16, bias=False)
+    if signs_seed is None:
+        signs = torch.where(torch.arange(16)[:, None] % 2 == 0, 1.0, -1.0).expand(16, in_features)
+    else:
+        signs = torch.randint(0, 2, (16, in_features), generator=torch.Generator().manual_seed(signs_seed)) * 2.0 - 1
     with torch.no_grad():
-        linear.weight.copy_(torch.where(torch.arange(16)[:, None] % 2 == 0, 1.0, -1.0).expand(16, 64))
-    return linear, torch.full((rows, 64), 0.5) + torch.arange(rows)[:, None]
+        linear.weight.copy_(signs)
+    return linear, torch.full((rows, in_features), 0.5) + torch.arange(rows)[:, None]
 
 
-@pytest.mark.parametrize("rows", [1, 3])
-def test_the_products_a_saturating_kernel_cannot_hold_come_out_exact(rows):
-    """This machine's kernels at the levels measured for it: the worst case for int16 pair sums equals float64's
-    product of the same quantized numbers (it came out at half its value on an AVX2 CPU at 256 levels)."""
-    linear, x = saturating_case(rows)
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from([1, 3]), st.integers(1, 400), st.one_of(st.none(), st.integers(0, 2**16)))
+def test_the_products_a_saturating_kernel_cannot_hold_come_out_exact(rows, in_features, signs_seed):
+    """This machine's kernels at the levels measured for it, at any width and sign pattern: the worst case for
+    int16 pair sums equals float64's product of the same quantized numbers (it came out at half its value on an
+    AVX2 CPU at 256 levels)."""
+    linear, x = saturating_case(rows, in_features, signs_seed)
     layer = Int8Linear.from_linear(linear, "int8-dynamic")
     with torch.no_grad():
         y = layer(x)
