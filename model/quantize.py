@@ -56,9 +56,10 @@ model.generate (greedy, GPT-2 small trained briefly, benchmarks/RESULTS.md): bfl
 head 10.2 ms (1.79x).
 
 The LM head (`quantize_int8(lm_head=None)`): the float head of a CPU decode step already streams a column-major
-copy (GPT.logits) or a oneDNN-packed one (model/packed.py), so whether int8 beats it depends on the machine; it is decided by timing both on one row when
-quantizing (a few interleaved calls each, the faster kept), never by a constant. A tied head becomes an Int8Linear
-of its own (the embedding table stays float).
+copy (GPT.logits) or a oneDNN-packed one (model/packed.py), so whether int8 beats it depends on the machine; it
+is decided by timing both on one row when quantizing (a few interleaved calls each, each after a pass over the
+block matmuls so that the head comes from memory as in a decode step; the faster kept), never by a constant. A
+tied head becomes an Int8Linear of its own (the embedding table stays float).
 
 Only for inference: a quantized model is never trained (its int8 weights are buffers, no parameters) and never
 saved (Int8Linear refuses to be written into a state_dict: its int8 weights would not load back into a GPT).
@@ -303,17 +304,29 @@ def _head_seconds(model: nn.Module, candidate: Int8Linear, clock: Callable[[], f
     """(float head, int8 head) seconds per call on one row (1, 1, d_model) in the model's dtype, in interleaved
     rounds (model/timing.py). The float head at its fastest here: as a decode step runs it (GPT.logits: on a CPU
     the column-major head), or on oneDNN-packed weights, which sample.py's pack_linears gives a float head it
-    left alone where those time faster (model/packed.py)."""
-    row = torch.randn(1, 1, candidate.in_features, generator=torch.Generator().manual_seed(0)).to(
-        device=model.tok_emb.weight.device, dtype=model.tok_emb.weight.dtype)
-    kernels = {"float": lambda: model.logits(row), "int8": lambda: candidate(row)}
-    if onednn_packs(row.dtype):  # (quantize_int8 takes CPU models only)
+    left alone where those time faster (model/packed.py). Each head is timed after a pass over the block
+    matmuls, as in a decode step, whose weights push the head out of the cache (a head called again and again
+    would be timed from the cache); the pass timed alone beside them is taken off."""
+    device, dtype = model.tok_emb.weight.device, model.tok_emb.weight.dtype
+    row = torch.randn(1, 1, candidate.in_features, generator=torch.Generator().manual_seed(0)).to(device, dtype)
+    block_layers = [getattr(parent, attr) for _, parent, attr in model.matmul_slots()[:-1]]
+    block_rows = [torch.randn(1, 1, layer.in_features, generator=torch.Generator().manual_seed(i + 1)).to(device, dtype)
+                  for i, layer in enumerate(block_layers)]
+
+    def blocks():  # the weights a decode step reads before its head
+        for layer, x in zip(block_layers, block_rows):
+            layer(x)
+
+    heads = {"float": lambda: model.logits(row), "int8": lambda: candidate(row)}
+    if onednn_packs(dtype):  # (quantize_int8 takes CPU models only)
         packed = PackedLinear(model.lm_head)  # a second copy of the head for the timing only
-        kernels["float packed"] = lambda: packed(row)
+        heads["float packed"] = lambda: packed(row)
+    kernels = {"blocks": blocks, **{name: (lambda head=head: (blocks(), head())) for name, head in heads.items()}}
     with torch.no_grad():
         model.logits(row)  # a first call makes the column-major copy, outside the warm-up best_seconds times
         seconds = best_seconds(kernels, rounds=HEAD_TIMING_ROUNDS, calls=HEAD_TIMING_CALLS, clock=clock)
-    return min(seconds["float"], seconds.get("float packed", float("inf"))), seconds["int8"]
+    head_s = {name: max(0.0, seconds[name] - seconds["blocks"]) for name in heads}
+    return min(head_s["float"], head_s.get("float packed", float("inf"))), head_s["int8"]
 
 
 def quantize_int8(model: nn.Module, mode: str = "int8", lm_head: bool | None = None,
@@ -350,7 +363,7 @@ def quantize_int8(model: nn.Module, mode: str = "int8", lm_head: bool | None = N
         if lm_head is None:
             float_s, int8_s = _head_seconds(model, candidate, clock or time.perf_counter)
             lm_head = int8_s < float_s
-            head_note = (f"LM head {'int8' if lm_head else 'float'} (measured on one row: int8 "
+            head_note = (f"LM head {'int8' if lm_head else 'float'} (measured on one row after the blocks: int8 "
                          f"{int8_s * 1e3:.3g} ms, float {float_s * 1e3:.3g} ms)")
         else:
             head_note = "LM head int8 (asked for)"

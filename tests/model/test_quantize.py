@@ -243,11 +243,12 @@ def test_quantize_replaces_exactly_the_block_matmuls_and_the_head_only_when_aske
 @pytest.mark.parametrize("costs_ms, int8_kept", [((1, 2, 2), True), ((2, 1, 3), False), ((2, 3, 1), False)])
 def test_the_head_is_decided_by_measurement(monkeypatch, costs_ms, int8_kept):
     """A clock of the test's own: each call of the int8 head, the float head as GPT.logits runs it and the float
-    head on oneDNN-packed weights costs its own ms (costs_ms, in that order); int8 is kept only when it beats
-    the faster of the two float ones, whichever that is."""
+    head on oneDNN-packed weights costs its own ms (costs_ms, in that order), and each block matmul 0.25 ms;
+    int8 is kept only when it beats the faster of the two float ones, whichever that is, and the heads' times
+    reported are theirs alone, the pass over the blocks timed before each taken off."""
     model = tiny_gpt()
-    clock = types.SimpleNamespace(now=0.0, calls={"int8": 0, "float": 0, "packed": 0})
-    cost = dict(zip(("int8", "float", "packed"), (c * 1e-3 for c in costs_ms)))
+    clock = types.SimpleNamespace(now=0.0, calls={"int8": 0, "float": 0, "packed": 0, "block": 0})
+    cost = dict(zip(("int8", "float", "packed"), (c * 1e-3 for c in costs_ms)), block=0.25e-3)
     forward, logits, packed_forward = Int8Linear.forward, model.logits, PackedLinear.forward
 
     def tick(kind):
@@ -255,8 +256,7 @@ def test_the_head_is_decided_by_measurement(monkeypatch, costs_ms, int8_kept):
         clock.calls[kind] += 1
 
     def timed_int8(self, x):
-        if self.out_features == 48:  # the head candidate (the block matmuls are never timed)
-            tick("int8")
+        tick("int8" if self.out_features == 48 else "block")  # the head candidate, or one of the block matmuls
         return forward(self, x)
 
     def timed_packed(self, x):
@@ -277,6 +277,9 @@ def test_the_head_is_decided_by_measurement(monkeypatch, costs_ms, int8_kept):
         int8_kept = costs_ms[0] < costs_ms[1]
     assert isinstance(model.lm_head, Int8Linear) is int8_kept
     assert ("LM head int8" if int8_kept else "LM head float") in description and "measured" in description
+    assert clock.calls["block"] >= 8 * 3 * len(timed)  # the 8 block matmuls before every head call
+    float_ms = min(costs_ms[1:]) if onednn_packs(model.tok_emb.weight.dtype) else costs_ms[1]
+    assert f"int8 {costs_ms[0]:.3g} ms, float {float_ms:.3g} ms" in description  # the heads alone
 
 
 def test_what_quantize_cannot_do_is_refused_before_anything_changes():
