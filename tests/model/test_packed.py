@@ -185,4 +185,5 @@ def test_time_both_ways_times_one_pass_over_the_layers_each_way():
     with mock.patch.object(packed_module.F, "linear", counted), \
             mock.patch.object(PackedLinear, "forward", counted_packed):
         plain_s, packed_s = packed_module.time_both_ways(layers, clock=lambda: float(calls["n"]))
-    assert (plain_s, packed_s) == (3.0, 3.0)
+    # (where this CPU cannot pack float32, each packed call runs F.linear as well, which this clock also counts)
+    assert (plain_s, packed_s) == (3.0, 3.0 if onednn_packs(torch.float32) else 6.0)
