@@ -164,9 +164,26 @@ def load_model(directory: str | Path, device: torch.device | str = "cpu") -> tup
     config = ModelConfig.from_dict(payload["model"])
     check_fits_in_memory(config, device, source=f"'{directory / CONFIG_FILE}'")
     state = read_weights(directory / WEIGHTS_FILE, config)
-    model = GPT(config)
-    model.load_state_dict(state, strict=False)  # strict=False only for the tied lm_head
-    return model.to(device).eval(), payload
+    return build_model(config, state, device), payload
+
+
+def build_model(config: ModelConfig, state: dict[str, torch.Tensor], device: torch.device | str = "cpu") -> GPT:
+    """GPT(config) holding exactly `state`'s tensors: built on the meta device (no random init), then given them."""
+    with torch.device("meta"):
+        model = GPT(config)
+    load_state(model, state, assign=True)
+    return model.to(device).eval()  # .to() also rebuilds the RoPE table off the meta device (GPT._apply)
+
+
+def load_state(model: GPT, state: dict[str, torch.Tensor], assign: bool = False) -> None:
+    """Load an attngpt state (a tied head left out) into `model`, strictly."""
+    result = model.load_state_dict(state, strict=False, assign=assign)
+    tied = {"lm_head.weight"} if model.config.tie_embeddings else set()
+    if set(result.missing_keys) - tied or result.unexpected_keys:  # a bug in the mapping, not bad input
+        raise RuntimeError(f"state does not fit the model: missing {result.missing_keys}, "
+                           f"unexpected {result.unexpected_keys}")
+    if model.config.tie_embeddings:
+        model.lm_head.weight = model.tok_emb.weight
 
 
 def read_weights(path: str | Path, config: ModelConfig) -> dict[str, torch.Tensor]:

@@ -20,13 +20,13 @@ from common.errors import UserError
 from common.json_file import read_json
 from data.hf_tokenizer import tokenizer_for_hf_folder
 from data.tokenizer import tokenizer_from_json
-from pretrained.checkpoint import (CONFIG_FILE, MAX_CONFIG_BYTES, WEIGHTS_FILE, CheckpointError, find_checkpoint,
-                              load_checkpoint, read_config, read_weights)
+from pretrained.checkpoint import (CONFIG_FILE, MAX_CONFIG_BYTES, WEIGHTS_FILE, CheckpointError, build_model,
+                                   find_checkpoint, load_checkpoint, load_state, read_config, read_weights)
 from model.config import ModelConfig
 from model.gpt import GPT
 from pretrained.memory import check_fits_in_memory
 from pretrained.hf.config_map import hf_model_type
-from pretrained.hf.load import build_model, check_hf_weights, load_state, read_hf_model_config, read_hf_state
+from pretrained.hf.load import check_hf_weights, read_hf_model_config, read_hf_state
 from pretrained.hf.source import download, is_hf_config, looks_like_hub_id
 
 DUMP_DIR = Path("attn_dump")
