@@ -109,6 +109,10 @@ TIMED_BYTES = 512 * 2**20  # the layers timed in turn: at most this many bytes o
 TIMING_ROUNDS, TIMING_CALLS = 3, 2  # interleaved rounds of passes over the timed layers (model/timing.py)
 
 
+def weight_bytes(layer: nn.Linear) -> int:
+    return layer.weight.numel() * layer.weight.element_size()
+
+
 def layers_to_time(layers: list[nn.Linear]) -> list[nn.Linear]:
     """The first of `layers` whose weights add up to TIMED_BYTES (at least one layer; all of them when smaller)."""
     chosen, total = [], 0
@@ -116,7 +120,7 @@ def layers_to_time(layers: list[nn.Linear]) -> list[nn.Linear]:
         if chosen and total >= TIMED_BYTES:
             break
         chosen.append(layer)
-        total += layer.weight.numel() * layer.weight.element_size()
+        total += weight_bytes(layer)
     return chosen
 
 
@@ -157,7 +161,7 @@ def pack_linears(model: nn.Module, force: bool | None = None,
         timed = layers_to_time(layers)
         plain_s, packed_s = measure(timed)
         force = packed_s < plain_s
-        megabytes = sum(layer.weight.numel() * layer.weight.element_size() for layer in timed) / 1e6
+        megabytes = sum(map(weight_bytes, timed)) / 1e6
         note = (f"matmul weights {'prepacked for oneDNN' if force else 'left to F.linear'}: {len(timed)} "
                 f"layer{'s' if len(timed) > 1 else ''} in turn ({megabytes:.3g} MB) {plain_s * 1e3:.3g} ms with "
                 f"F.linear, {packed_s * 1e3:.3g} ms packed")
