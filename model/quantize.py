@@ -286,7 +286,10 @@ class Int8Linear(nn.Module):
                 q, scales.reshape(()), zeros.reshape(()), self._onednn_weight, self.scales_f32, self.zero_points,
                 None, 1.0, 0, out_dtype, "none", [], "")
         else:
-            products = torch._int_mm(q, self.weight_int8.t())  # (N, out) int32: sum_k q_x,k q_nk
+            # (N, out) int32: sum_k q_x,k q_nk. torch._int_mm leaves its output unwritten for a single input
+            # feature (torch 2.13 on an AVX512-VNNI CPU): there the one product per entry is taken as it is
+            products = (torch._int_mm(q, self.weight_int8.t()) if self.in_features > 1
+                        else q.int() * self.weight_int8.t().int())
             y = (products - zeros * self.row_sums).float() * (scales * self.scales_f32)  # exact until the float
         return y.to(rows.dtype)
 
