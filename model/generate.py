@@ -7,6 +7,7 @@ Both paths follow exactly this policy, so with the same seed they produce the sa
 """
 from __future__ import annotations
 
+import functools
 import time
 from typing import Callable
 
@@ -14,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model.gpt import GPT
+from model.gpt import GPT, fused_attention
 from model.packed import PackedLinear
 from model.timing import best_seconds
 
@@ -68,6 +69,37 @@ def draw_proportional(weights: torch.Tensor, generator: torch.Generator | None =
     return torch.minimum(index, last).squeeze(-1)
 
 
+def decode_cache_dtype(model: GPT, batch_size: int, max_len: int, compiled: bool = False,
+                       faster: Callable[..., bool] | None = None) -> torch.dtype:
+    """The dtype generate keeps its KV cache in: the model's, or float32 under a narrower model decoding eagerly on
+    a CPU where the fused attention kernel measured faster in float32 there (`faster`: float32_attention_faster by
+    default). CPU flash attention over one bfloat16 query is slow: GPT-2 small's heads over 100 cached positions
+    took ~80 us a layer in bfloat16 against ~45 us in float32 on an AVX512-BF16 CPU (benchmarks/RESULTS.md). A
+    float32 cache holds the same numbers (each bfloat16 key and value widened exactly) and is read as it is stored
+    (CausalSelfAttention.forward), twice the memory of a bfloat16 one. Compiled decode steps keep the model's."""
+    dtype, device = model.tok_emb.weight.dtype, model.tok_emb.weight.device
+    if compiled or device.type != "cpu" or dtype == torch.float32 or not dtype.is_floating_point:
+        return dtype
+    attn = model.blocks[0].attn
+    length = max(1, max_len // 2)  # the mean context of a generation that fills the cache
+    wide = (faster or float32_attention_faster)(dtype, batch_size, attn.n_head, attn.n_kv_head, attn.head_dim, length)
+    return torch.float32 if wide else dtype
+
+
+@functools.cache
+def float32_attention_faster(dtype: torch.dtype, batch_size: int, n_head: int, n_kv_head: int, head_dim: int,
+                             length: int) -> bool:
+    """Whether one decoded query per row attends over `length` cached positions faster with the fused kernel in
+    float32 (q widened, k and v stored in float32) than in `dtype`, timed on this CPU once per shape."""
+    q = torch.randn(batch_size, n_head, 1, head_dim).to(dtype)
+    k, v = (torch.randn(batch_size, n_kv_head, length, head_dim).to(dtype) for _ in range(2))
+    k32, v32 = k.float(), v.float()
+    best = best_seconds({"narrow": lambda: fused_attention(q, k, v, None, causal=False),
+                         "float32": lambda: fused_attention(q, k32, v32, None, causal=False, float32=True)},
+                        rounds=3, calls=5)
+    return best["float32"] < best["narrow"]
+
+
 # a public API with its sampling settings as keywords, as transformers' and nanoGPT's generate have
 @torch.no_grad()
 def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
@@ -98,7 +130,8 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int, temperature:
             max_len = min(block_size, prompt.shape[1] + max(max_new_tokens, 1))
             if decode is not None:  # a compiled step is specialised to its cache length: round up to a power of
                 max_len = min(block_size, 1 << (max_len - 1).bit_length())  # two, so few lengths ever compile
-            model.setup_kv_cache(B, max_len, dtype=model.tok_emb.weight.dtype, device=device)
+            model.setup_kv_cache(B, max_len, dtype=decode_cache_dtype(model, B, max_len, compiled=decode is not None),
+                                 device=device)
         positions = torch.arange(window.shape[1], device=device) if use_kv_cache else None
         logits, _ = model(window, input_pos=positions, last_only=True)
         for _ in range(max_new_tokens):

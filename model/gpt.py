@@ -184,6 +184,10 @@ def rotate_real(pairs: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
 # (B, n_kv_head, max_len, head_dim) and are written by index (`input_pos`), so the same graph serves
 # every step and `torch.compile` / CUDA graphs can capture it. GQA stores only the shared kv heads,
 # so the cache is n_head / n_kv_head times smaller than a multi-head one.
+# Its dtype may differ from the model's: a bfloat16 cache under a float32 model halves its memory and is read back
+# in float32; a float32 cache under a bfloat16 model (eager CPU decoding, model/generate.py's decode_cache_dtype)
+# holds the same numbers widened, and the fused kernel attends over it in float32, which CPU flash attention runs
+# faster than bfloat16 for one query.
 # --------------------------------------------------------------------------------------------------------------------
 
 class KVCache(nn.Module):
@@ -262,9 +266,9 @@ class CausalSelfAttention(nn.Module):
             k, v = self.kv_cache.update(input_pos, k, v)  # (B, n_kv_head, max_len, head_dim)
             if mask is not None:  # attend only over the slots the mask covers (T, T_k): the written prefix
                 k, v = k[:, :, :mask.shape[-1]], v[:, :, :mask.shape[-1]]
-            # a cache kept in another dtype than the model computes in (e.g. bf16 to halve its memory) is read
-            # back in q's dtype; free when they match
-            k, v = k.to(q.dtype), v.to(q.dtype)
+        # a float32 cache under a narrower model is attended over by the fused kernel in float32, as it is stored
+        # (section 4); any other cache is read back in q's dtype, free when they match
+        wide_cache = k.dtype == torch.float32 and q.dtype != torch.float32
         dropout_p = self.dropout_p if self.training else 0.0
         n_rep = self.n_head // self.n_kv_head
 
@@ -272,6 +276,7 @@ class CausalSelfAttention(nn.Module):
         if need_weights or self.attn_impl == "manual":
             # Group the query heads by the kv head they share: (B, n_kv_head, n_rep, T, head_dim);
             # k and v broadcast over the group axis, so shared heads are never copied.
+            k, v = k.to(q.dtype), v.to(q.dtype)
             q_grouped = q.view(B, self.n_kv_head, n_rep, T, self.head_dim)
             out, weights = scaled_dot_product_attention(
                 q_grouped, k.unsqueeze(2), v.unsqueeze(2), mask=mask, causal=mask is None, dropout_p=dropout_p)
@@ -283,8 +288,10 @@ class CausalSelfAttention(nn.Module):
             # applying one costs ~5% of an eager CPU decode step (benchmarks/RESULTS.md). Compiled code keeps
             # the row, which on CUDA is a whole-buffer row with unwritten slots to hide.
             sdpa_mask = None if T == 1 and mask is not None and not torch.compiler.is_compiling() else mask
+            if not wide_cache:
+                k, v = k.to(q.dtype), v.to(q.dtype)
             out = fused_attention(q, k, v, sdpa_mask, causal=mask is None, dropout_p=dropout_p,
-                                  float32=self.fused_float32)
+                                  float32=self.fused_float32 or wide_cache)
 
         if self.head_patch is not None:
             out = self.head_patch.apply(out)  # (B, n_head, T, head_dim)
@@ -603,7 +610,8 @@ class GPT(nn.Module):
         """Give every layer a preallocated KV cache; returns its total size in bytes.
 
         dtype: the cache's own, the model's by default; a narrower one (bfloat16 under a float32 model) halves
-        its memory, and attention reads it back in the dtype it computes in.
+        its memory, and attention reads it back in the dtype it computes in; a float32 one under a narrower model
+        is attended over in float32 by the fused kernel (section 4).
 
         Caches of the same shape, dtype and device as the last ones are reused (zeroed), not reallocated:
         compiled decode steps (model/generate.py) guard on the cache buffers they were traced with."""

@@ -302,6 +302,99 @@ def test_a_cache_in_another_dtype_holds_the_rounded_keys_and_is_read_back_in_the
     assert not torch.equal(logits[torch.bfloat16], logits[torch.float32])  # the rounding did reach the logits
 
 
+def _decode_logits(model: GPT, cache_dtype: torch.dtype, prompt: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """(B, 1 + steps, vocab): the prefill's last logits, then each decoded step's, through a cache of cache_dtype."""
+    model.setup_kv_cache(batch_size=prompt.shape[0], max_len=BLOCK, dtype=cache_dtype)
+    try:
+        with torch.no_grad():
+            out = [model(prompt, input_pos=torch.arange(prompt.shape[1]), last_only=True)[0][:, -1]]
+            for i in range(steps.shape[1]):
+                out.append(model(steps[:, i:i + 1], input_pos=torch.tensor([prompt.shape[1] + i]))[0][:, -1])
+    finally:
+        model.clear_kv_cache()
+    return torch.stack(out, dim=1)
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 2])
+def test_a_float32_cache_under_a_bfloat16_model_is_attended_over_in_float32(n_kv_head):
+    """The fused path over a float32 cache runs the kernel in float32 on the widened bfloat16 keys and values: the
+    very numbers of a bfloat16 cache read by the kernel on float32 copies (fused_float32), and not those of the
+    bfloat16 kernel (which a float32 cache narrowed back to bfloat16 would give)."""
+    model = lively(tiny(n_kv_head=n_kv_head, attn_impl="sdpa")).to(torch.bfloat16)
+    prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(6))
+    steps = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(7))
+    narrow = _decode_logits(model, torch.bfloat16, prompt, steps)
+    wide = _decode_logits(model, torch.float32, prompt, steps)
+    model.set_fused_attention_float32(True)
+    upcast = _decode_logits(model, torch.bfloat16, prompt, steps)
+    model.set_fused_attention_float32(False)
+    assert wide.dtype == torch.bfloat16
+    assert torch.equal(wide, upcast)
+    assert not torch.equal(wide, narrow)  # the bfloat16 kernel rounds differently: the test can tell them apart
+    torch.testing.assert_close(wide.float(), narrow.float(), atol=0.25, rtol=0.05)
+
+
+def test_a_float32_cache_under_a_bfloat16_model_gives_the_maps_the_uncached_pass_gives():
+    """The from-scratch path (weights wanted) reads a float32 cache back in the model's dtype: the cached decode's
+    logits are those of a bfloat16 cache."""
+    model = lively(tiny(n_kv_head=2)).to(torch.bfloat16)  # attn_impl manual
+    prompt = torch.randint(0, VOCAB, (1, 4), generator=torch.Generator().manual_seed(8))
+    steps = torch.randint(0, VOCAB, (1, 5), generator=torch.Generator().manual_seed(9))
+    assert torch.equal(_decode_logits(model, torch.float32, prompt, steps),
+                       _decode_logits(model, torch.bfloat16, prompt, steps))
+
+
+def test_decode_cache_dtype_widens_only_an_eager_cpu_decode_of_a_narrower_model_that_measured_faster():
+    from model.generate import decode_cache_dtype
+    asked = []
+
+    def faster(answer):
+        return lambda *shape: asked.append(shape) or answer
+
+    bf16 = GPT(tiny(n_kv_head=2)).to(torch.bfloat16)
+    assert decode_cache_dtype(bf16, 3, BLOCK, faster=faster(True)) == torch.float32
+    cfg = bf16.config  # timed at the model's head shape, the batch and half the cache's length
+    assert asked == [(torch.bfloat16, 3, cfg.n_head, cfg.n_kv_head, cfg.head_dim, BLOCK // 2)]
+    assert decode_cache_dtype(bf16, 3, 1, faster=faster(True)) == torch.float32 and asked[-1][-1] == 1
+    assert decode_cache_dtype(bf16, 3, BLOCK, faster=faster(False)) == torch.bfloat16
+    asked.clear()
+    assert decode_cache_dtype(bf16, 3, BLOCK, compiled=True, faster=faster(True)) == torch.bfloat16
+    assert decode_cache_dtype(GPT(tiny()), 3, BLOCK, faster=faster(True)) == torch.float32
+    assert asked == []  # neither a compiled step nor a float32 model is timed
+
+
+def test_generate_keeps_its_cache_in_the_dtype_decode_cache_dtype_chose(monkeypatch):
+    import model.generate as generation
+    model = lively(tiny(n_kv_head=2, attn_impl="sdpa")).to(torch.bfloat16)
+    prompt = torch.randint(0, VOCAB, (1, 4), generator=torch.Generator().manual_seed(10))
+    seen = []
+    real = GPT.setup_kv_cache
+    monkeypatch.setattr(GPT, "setup_kv_cache", lambda self, *a, **kw: seen.append(kw["dtype"]) or real(self, *a, **kw))
+    outputs = {}
+    for wide in (True, False):
+        monkeypatch.setattr(generation, "float32_attention_faster", lambda *shape, wide=wide: wide)
+        outputs[wide] = generate(model, prompt, 6, temperature=0)
+    assert seen == [torch.float32, torch.bfloat16]
+    assert outputs[True].shape == outputs[False].shape == (1, 10)
+
+
+def test_float32_attention_faster_times_both_kernels_and_answers_once_per_shape(monkeypatch):
+    import model.generate as generation
+    calls = []
+    real = generation.fused_attention
+    monkeypatch.setattr(generation, "fused_attention", 
+                        lambda q, k, *a, **kw: calls.append((k.dtype, kw.get("float32", False))) or real(q, k, *a, **kw))
+    generation.float32_attention_faster.cache_clear()
+    answer = generation.float32_attention_faster(torch.bfloat16, 1, 4, 2, 8, 7)
+    assert isinstance(answer, bool)
+    # a warm-up and 3 rounds of 5 calls of each: the bfloat16 kernel, and the float32 one on a float32 cache
+    assert calls.count((torch.bfloat16, False)) == calls.count((torch.float32, True)) == 1 + 3 * 5
+    assert len(calls) == 32
+    assert generation.float32_attention_faster(torch.bfloat16, 1, 4, 2, 8, 7) is answer
+    assert len(calls) == 32  # the second question is answered from the cache
+    generation.float32_attention_faster.cache_clear()
+
+
 def test_kv_cache_longer_than_block_size_is_refused():
     with pytest.raises(ValueError, match="block_size"):
         GPT(tiny()).setup_kv_cache(batch_size=1, max_len=BLOCK + 1)
