@@ -58,6 +58,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from typing import Callable
 
 import torch
 
@@ -66,7 +67,7 @@ import _report
 from common.device import resolve_device
 from common.errors import ArgumentParser, UserError, user_errors_exit
 from model import GPT, ModelConfig
-from model.generate import generate
+from model.generate import decode_cache_dtype, generate
 from model.packed import pack_linears
 from pretrained.hf.transformers_model import to_transformers
 from training.config import load_run_config
@@ -109,10 +110,11 @@ def runner(name: str, ours: GPT, theirs: torch.nn.Module, prompt: torch.Tensor, 
 CLI_RATE = re.compile(r"\[(\d+) tokens x 1 in [0-9.]+s: ([0-9.]+) tokens/s")  # sample.py's speed line
 
 
-def sample_py_rates(ours: GPT, prompt: torch.Tensor, n_new: int, dtype: torch.dtype, rounds: int) -> list[float]:
+def sample_py_rates(ours: GPT, prompt: torch.Tensor, n_new: int, dtype: torch.dtype, rounds: int,
+                    after_each: Callable[[], object] = lambda: None) -> list[float]:
     """tokens/s of `python sample.py` as a user runs it on these weights (greedy, its own speed line), one
-    process per round: the model saved to a temporary folder with a tokenizer of its vocabulary (GPT-2's BPE for
-    50304 tokens, else characters), the prompt the text of the prompt's ids."""
+    process per round, `after_each` called after each: the model saved to a temporary folder with a tokenizer of its
+    vocabulary (GPT-2's BPE for 50304 tokens, else characters), the prompt the text of the prompt's ids."""
     from data.tokenizer import CharTokenizer, TiktokenTokenizer
     from pretrained.checkpoint import save_model
     vocab = ours.config.vocab_size
@@ -131,6 +133,7 @@ def sample_py_rates(ours: GPT, prompt: torch.Tensor, n_new: int, dtype: torch.dt
             if done.returncode != 0 or found is None:
                 raise UserError(f"sample.py failed (exit {done.returncode}): {done.stderr.strip()[-400:]}")
             rates.append(float(found.group(2)))
+            after_each()
     return rates
 
 
@@ -144,10 +147,14 @@ class Measured:
     compile_s: float  # the first compiled call (compile + generation)
     mean_context: float  # cache slots a decode step attends over, on average
     bytes_per_token: _limits.DecodeBytes  # what one decode step reads
-    floor_s: float  # seconds of one pass of the model's matmuls alone, on its own kernels (_limits.matmul_floor_seconds)
+    # seconds of one pass of the model's matmuls alone, on its own kernels (_limits.matmul_floor_seconds): the median
+    # of one timing after each round, so that the fractions set a speed against the floor of the same spell of a
+    # shared machine (both drifted by 20% between minutes on a 2-core cloud CPU)
+    floor_s: float
     linear_floor_s: float  # the same with torch's F.linear on the weights as stored, before any packing
     pack_note: str | None  # what model.packed.pack_linears timed and chose
     cli_rate: float | None = None  # sample.py as a user runs it, median tokens/s (--through-sample-py)
+    cli_floor_s: float | None = None  # the floor timed after each sample.py process, median
 
 
 def agreeing_prefix(a: torch.Tensor, b: torch.Tensor, prompt_tokens: int) -> int:
@@ -170,21 +177,27 @@ def measure(shape: str, n_new: int, args: argparse.Namespace, device: torch.devi
     agreement = "yes" if agree == n_new else f"NO: first {agree} of {n_new} agree"
     # the step's limits, measured here between the warm-ups and the rounds, on the same machine state
     mean_context = _limits.mean_decode_context(args.prompt, n_new)
-    cache_element_size = ours.tok_emb.weight.element_size()  # generate() keeps the cache in the model's dtype
+    # the dtype eager generate() keeps its cache in (the model's, or float32 where the CPU attends faster so)
+    cache_element_size = decode_cache_dtype(ours, 1, args.prompt + n_new).itemsize
     bytes_per_token = _limits.decode_bytes_per_token(ours, mean_context, cache_element_size)
-    floor_s = _limits.matmul_floor_seconds(ours)
+    floors: list[float] = []
     seconds: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for r in range(args.rounds):
         order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
         for name in order:
             seconds[name].append(_report.timed(runs[name], device)[0])
+        floors.append(_limits.matmul_floor_seconds(ours))
         print(f"  {shape} {n_new} new tokens, round {r + 1}: "
               + ", ".join(f"{n} {n_new / seconds[n][-1]:.1f} tok/s" for n in VARIANTS), flush=True)
     rate = {name: n_new / statistics.median(s) for name, s in seconds.items()}
-    cli_rate = (statistics.median(sample_py_rates(ours, prompt, n_new, dtype, args.rounds))
-                if args.through_sample_py and device.type == "cpu" else None)
-    return Measured(shape, n_new, rate, agreement, compile_s, mean_context, bytes_per_token, floor_s, linear_floor_s,
-                    pack_note, cli_rate)
+    cli_rate = cli_floor_s = None
+    if args.through_sample_py and device.type == "cpu":
+        cli_floors: list[float] = []
+        cli_rate = statistics.median(sample_py_rates(
+            ours, prompt, n_new, dtype, args.rounds, after_each=lambda: cli_floors.append(_limits.matmul_floor_seconds(ours))))
+        cli_floor_s = statistics.median(cli_floors)
+    return Measured(shape, n_new, rate, agreement, compile_s, mean_context, bytes_per_token, statistics.median(floors),
+                    linear_floor_s, pack_note, cli_rate, cli_floor_s)
 
 
 SPEED_HEADER = ["| shape | new tokens | attngpt tok/s | attngpt compiled tok/s | HF generate tok/s | attngpt / HF "
@@ -208,7 +221,7 @@ CLI_HEADER = ["| shape | new tokens | sample.py tok/s | sample.py / HF generate 
 def cli_row(m: Measured, bandwidth: float) -> str:
     """sample.py as a user runs it, against HF generate of the same run and the limits."""
     total = m.bytes_per_token.total
-    bound, floor = _limits.fractions_reached(m.cli_rate, bandwidth, total, m.floor_s)
+    bound, floor = _limits.fractions_reached(m.cli_rate, bandwidth, total, m.cli_floor_s)
     linear = _limits.fractions_reached(m.cli_rate, bandwidth, total, m.linear_floor_s)[1]
     return (f"| {m.shape} | {m.n_new} | {m.cli_rate:.1f} | {m.cli_rate / m.rate['hf']:.2f}x | {linear:.1f}% | "
             f"{floor:.1f}% | {bound:.1f}% |")
@@ -285,7 +298,8 @@ def main() -> None:
                  f"({args.dtype}) + the KV cache at the mean context; bandwidth bound = bandwidth / bytes per "
                  "token; F.linear floor = 1 / the time of torch's F.linear over the weights as stored, alone, at batch 1; "
                  "matmul floor = the same over the model's own matmul modules (prepacked where sample.py packs "
-                 "them; LM head as its decode runs it), best of 5; % = a variant's tok/s over the limit."]
+                 "them; LM head as its decode runs it), best of 5, timed after each round (after each sample.py "
+                 "process for sample.py's row) and the median taken; % = a variant's tok/s over the limit."]
         cli = [*CLI_HEADER, *(cli_row(m, bandwidth) for m in measured)] if any(
             m.cli_rate is not None for m in measured) else []
         if cli:
