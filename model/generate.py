@@ -91,8 +91,9 @@ def float32_attention_faster(dtype: torch.dtype, batch_size: int, n_head: int, n
                              length: int) -> bool:
     """Whether one decoded query per row attends over `length` cached positions faster with the fused kernel in
     float32 (q widened, k and v stored in float32) than in `dtype`, timed on this CPU once per shape."""
-    q = torch.randn(batch_size, n_head, 1, head_dim).to(dtype)
-    k, v = (torch.randn(batch_size, n_kv_head, length, head_dim).to(dtype) for _ in range(2))
+    generator = torch.Generator().manual_seed(0)  # its own: the caller's seeded draws stay what they would have been
+    q = torch.randn(batch_size, n_head, 1, head_dim, generator=generator).to(dtype)
+    k, v = (torch.randn(batch_size, n_kv_head, length, head_dim, generator=generator).to(dtype) for _ in range(2))
     k32, v32 = k.float(), v.float()
     best = best_seconds({"narrow": lambda: fused_attention(q, k, v, None, causal=False),
                          "float32": lambda: fused_attention(q, k32, v32, None, causal=False, float32=True)},
@@ -269,7 +270,8 @@ def compiled_matmul_seconds(model: GPT, batch_size: int, clock: Callable[[], flo
     kernels, model/quantize.py); the LM head as x @ head_columns, or its own module's compiled path."""
     weight = model.tok_emb.weight
     layers = [getattr(parent, attr) for _, parent, attr in model.matmul_slots()]  # the LM head last
-    rows = {m.in_features: torch.randn(batch_size, 1, m.in_features, dtype=weight.dtype, device=weight.device)
+    generator = torch.Generator().manual_seed(0)  # its own: the caller's seeded draws stay what they would have been
+    rows = {m.in_features: torch.randn(batch_size, 1, m.in_features, generator=generator).to(weight.device, weight.dtype)
             for m in layers}
     calls = [(lambda m=m: F.linear(rows[m.in_features], m.weight, m.bias)) if isinstance(m, (nn.Linear, PackedLinear))
              else (lambda m=m: m.run(rows[m.in_features], one_row_kernels=False)) for m in layers[:-1]]

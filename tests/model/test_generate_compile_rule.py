@@ -66,3 +66,15 @@ def test_an_int8_dynamic_models_matmuls_are_timed_on_the_compiled_path(monkeypat
     layers = 4 * model.config.n_layer + 1
     assert paths and set(paths) == {False} and len(paths) % layers == 0
     assert len(int_mm_calls) == len(paths)  # every timed call multiplied on torch._int_mm
+
+
+def test_the_timings_leave_the_global_generator_where_it_was():
+    """compile_repays runs between a user's seed and the generation it decides on: its timings draw their inputs from
+    their own generator, so a seeded sample is the same whether or not the rule was asked first."""
+    model = tiny()
+    torch.manual_seed(5)
+    expected = torch.rand(4)
+    torch.manual_seed(5)
+    eager_step_seconds(model, 1)
+    compiled_matmul_seconds(model, 1)
+    assert torch.equal(torch.rand(4), expected)
