@@ -146,9 +146,11 @@ def build(plan: RunPlan) -> Run:
     the resolved config written to out_dir, the logger, compile/DDP wrapping and the attention monitor."""
     cfg, rt, tc = plan.cfg, plan.rt, plan.cfg.train
     seed_everything(cfg.seed)  # the model's initialisation does not depend on what resolving drew
-    model = GPT(plan.model_config)  # FSDP: built whole on the CPU, then each process keeps its shard on the device
+    # FSDP: built whole on the CPU, then each process keeps its shard on the device
     if plan.source is not None and plan.latest is None:
-        plan.source.load_into(model)  # the pretrained weights; optimizer and schedule start fresh
+        model = plan.source.build_for(plan.model_config)  # the pretrained weights; optimizer and schedule start fresh
+    else:
+        model = GPT(plan.model_config)  # GPT-2's random initialisation (a resume then loads out_dir/latest into it)
     model.set_fused_attention_float32(plan.attention_float32)
     model = shard_model(model, rt) if tc.parallel == "fsdp" else model.to(rt.device)
     optimizers = build_optimizers(model, tc)

@@ -36,15 +36,24 @@ def test_a_bfloat16_folder_is_built_in_float32_unless_the_stored_dtype_is_asked_
     assert torch.equal(kept.tok_emb.weight, embedding) and torch.equal(default.tok_emb.weight, embedding.float())
 
 
-def test_an_attngpt_source_loads_its_weights_into_a_model_already_built(tmp_path):
+@pytest.mark.parametrize("stored", [torch.float32, torch.bfloat16])
+def test_an_attngpt_source_builds_a_float32_model_to_train_without_a_random_initialisation(tmp_path, monkeypatch,
+                                                                                             stored):
     torch.manual_seed(1)
-    saved = GPT(GPT2_LIKE)
+    saved = GPT(GPT2_LIKE).to(stored)
     save_model(saved, tmp_path / "ckpt", extra={"tokenizer": CharTokenizer(CHARS).to_json()})
-    torch.manual_seed(2)
-    model = GPT(GPT2_LIKE)
-    open_pretrained(str(tmp_path / "ckpt")).load_into(model)
+    drawn = []  # any weight initialised off the meta device: a random init drawn only to be overwritten
+    real_normal = torch.nn.init.normal_
+    monkeypatch.setattr(torch.nn.init, "normal_", lambda tensor, *a, **kw: drawn.append(tensor.device.type != "meta")
+                        or real_normal(tensor, *a, **kw))
+    model = open_pretrained(str(tmp_path / "ckpt")).build_for(GPT2_LIKE)
+    assert drawn and not any(drawn)
+    assert model.training and model.tok_emb.weight.dtype == torch.float32
     for (name, a), b in zip(saved.state_dict().items(), model.state_dict().values()):
-        assert torch.equal(a, b), name
+        assert torch.equal(a.float(), b), name
+    _, loss = model(torch.randint(0, GPT2_LIKE.vocab_size, (2, 8)), torch.randint(0, GPT2_LIKE.vocab_size, (2, 8)))
+    loss.backward()  # it trains: every weight has a gradient
+    assert all(p.grad is not None for p in model.parameters())
 
 
 @pytest.mark.parametrize("src, expected", [("gpt2", "gpt2"), ("openai-community/gpt2", "openai-community_gpt2"),

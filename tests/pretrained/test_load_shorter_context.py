@@ -56,9 +56,7 @@ def test_a_cropped_model_computes_what_the_full_one_does_within_its_window(folde
     source = open_pretrained(str(folders[name]))
     assert source.config.block_size == FULL
     full = source.build()
-    cropped = GPT(dataclasses.replace(source.config, block_size=BLOCK))
-    source.load_into(cropped)
-    cropped.eval()
+    cropped = source.build_for(dataclasses.replace(source.config, block_size=BLOCK)).eval()
     generator = torch.Generator().manual_seed(0)
     for length in (1, 5, BLOCK):
         idx = torch.randint(0, source.tokenizer.vocab_size, (2, length), generator=generator)

@@ -16,8 +16,8 @@ def test_init_from_an_out_dir_starts_from_best_and_a_resume_from_latest(run, tmp
     cfg = tiny_config(tmp_path / "new", f"train.init_from={run}")
     source = init_source(cfg, latest=None)
     assert source.folder == run / BEST
-    model = model_of(9)
-    source.load_into(model)
+    model = source.build_for(source.config)
     assert torch.equal(weights(model), weights(model_of(2)))
+    assert model.training and all(p.requires_grad and p.dtype == torch.float32 for p in model.parameters())
     resumed = init_source(cfg, latest=run / LATEST)  # out_dir already holds a checkpoint: the run's own latest/
     assert resumed.folder == run / LATEST
