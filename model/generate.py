@@ -74,7 +74,8 @@ def decode_cache_dtype(model: GPT, batch_size: int, max_len: int, compiled: bool
     """The dtype generate keeps its KV cache in: the model's, or float32 under a narrower model decoding eagerly on
     a CPU where the fused attention kernel measured faster in float32 there (`faster`: float32_attention_faster by
     default). CPU flash attention over one bfloat16 query is slow: GPT-2 small's heads over 100 cached positions
-    took ~80 us a layer in bfloat16 against ~45 us in float32 on an AVX512-BF16 CPU (benchmarks/RESULTS.md). A
+    took 80-150 us a layer in bfloat16 against ~45 us on a float32 cache, over 1,000 positions 1,090 against 180 us,
+    on an AVX512-BF16 CPU (benchmarks/RESULTS.md). A
     float32 cache holds the same numbers (each bfloat16 key and value widened exactly) and is read as it is stored
     (CausalSelfAttention.forward), twice the memory of a bfloat16 one. Compiled decode steps keep the model's."""
     dtype, device = model.tok_emb.weight.dtype, model.tok_emb.weight.device
