@@ -193,8 +193,9 @@ def measure(shape: str, n_new: int, args: argparse.Namespace, device: torch.devi
     cli_rate = cli_floor_s = None
     if args.through_sample_py and device.type == "cpu":
         cli_floors: list[float] = []
-        cli_rate = statistics.median(sample_py_rates(
-            ours, prompt, n_new, dtype, args.rounds, after_each=lambda: cli_floors.append(_limits.matmul_floor_seconds(ours))))
+        rates = sample_py_rates(ours, prompt, n_new, dtype, args.rounds,
+                                after_each=lambda: cli_floors.append(_limits.matmul_floor_seconds(ours)))
+        cli_rate = statistics.median(rates)
         cli_floor_s = statistics.median(cli_floors)
     return Measured(shape, n_new, rate, agreement, compile_s, mean_context, bytes_per_token, statistics.median(floors),
                     linear_floor_s, pack_note, cli_rate, cli_floor_s)

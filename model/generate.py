@@ -69,11 +69,9 @@ def draw_proportional(weights: torch.Tensor, generator: torch.Generator | None =
     return torch.minimum(index, last).squeeze(-1)
 
 
-def decode_cache_dtype(model: GPT, batch_size: int, max_len: int, compiled: bool = False,
-                       faster: Callable[..., bool] | None = None) -> torch.dtype:
+def decode_cache_dtype(model: GPT, batch_size: int, max_len: int, compiled: bool = False) -> torch.dtype:
     """The dtype generate keeps its KV cache in: the model's, or float32 under a narrower model decoding eagerly on
-    a CPU where the fused attention kernel measured faster in float32 there (`faster`: float32_attention_faster by
-    default). CPU flash attention over one bfloat16 query is slow: GPT-2 small's heads over 100 cached positions
+    a CPU where the fused attention kernel measured faster in float32 there (float32_attention_faster). CPU flash attention over one bfloat16 query is slow: GPT-2 small's heads over 100 cached positions
     took 80-150 us a layer in bfloat16 against ~45 us on a float32 cache, over 1,000 positions 1,090 against 180 us,
     on an AVX512-BF16 CPU (benchmarks/RESULTS.md). A
     float32 cache holds the same numbers (each bfloat16 key and value widened exactly) and is read as it is stored
@@ -83,7 +81,7 @@ def decode_cache_dtype(model: GPT, batch_size: int, max_len: int, compiled: bool
         return dtype
     attn = model.blocks[0].attn
     length = max(1, max_len // 2)  # the mean context of a generation that fills the cache
-    wide = (faster or float32_attention_faster)(dtype, batch_size, attn.n_head, attn.n_kv_head, attn.head_dim, length)
+    wide = float32_attention_faster(dtype, batch_size, attn.n_head, attn.n_kv_head, attn.head_dim, length)
     return torch.float32 if wide else dtype
 
 
@@ -272,7 +270,8 @@ def compiled_matmul_seconds(model: GPT, batch_size: int, clock: Callable[[], flo
     weight = model.tok_emb.weight
     layers = [getattr(parent, attr) for _, parent, attr in model.matmul_slots()]  # the LM head last
     generator = torch.Generator().manual_seed(0)  # its own: the caller's seeded draws stay what they would have been
-    rows = {m.in_features: torch.randn(batch_size, 1, m.in_features, generator=generator).to(weight.device, weight.dtype)
+    rows = {m.in_features: torch.randn(batch_size, 1, m.in_features, generator=generator).to(weight.device,
+                                                                                               weight.dtype)
             for m in layers}
     calls = [(lambda m=m: F.linear(rows[m.in_features], m.weight, m.bias)) if isinstance(m, (nn.Linear, PackedLinear))
              else (lambda m=m: m.run(rows[m.in_features], one_row_kernels=False)) for m in layers[:-1]]

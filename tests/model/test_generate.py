@@ -344,22 +344,26 @@ def test_a_float32_cache_under_a_bfloat16_model_gives_the_maps_the_uncached_pass
                        _decode_logits(model, torch.bfloat16, prompt, steps))
 
 
-def test_decode_cache_dtype_widens_only_an_eager_cpu_decode_of_a_narrower_model_that_measured_faster():
+def test_decode_cache_dtype_widens_only_an_eager_cpu_decode_of_a_narrower_model_that_measured_faster(monkeypatch):
+    import model.generate as generation
     from model.generate import decode_cache_dtype
     asked = []
 
     def faster(answer):
-        return lambda *shape: asked.append(shape) or answer
+        monkeypatch.setattr(generation, "float32_attention_faster", lambda *shape: asked.append(shape) or answer)
 
     bf16 = GPT(tiny(n_kv_head=2)).to(torch.bfloat16)
-    assert decode_cache_dtype(bf16, 3, BLOCK, faster=faster(True)) == torch.float32
+    faster(True)
+    assert decode_cache_dtype(bf16, 3, BLOCK) == torch.float32
     cfg = bf16.config  # timed at the model's head shape, the batch and half the cache's length
     assert asked == [(torch.bfloat16, 3, cfg.n_head, cfg.n_kv_head, cfg.head_dim, BLOCK // 2)]
-    assert decode_cache_dtype(bf16, 3, 1, faster=faster(True)) == torch.float32 and asked[-1][-1] == 1
-    assert decode_cache_dtype(bf16, 3, BLOCK, faster=faster(False)) == torch.bfloat16
+    assert decode_cache_dtype(bf16, 3, 1) == torch.float32 and asked[-1][-1] == 1
+    faster(False)
+    assert decode_cache_dtype(bf16, 3, BLOCK) == torch.bfloat16
     asked.clear()
-    assert decode_cache_dtype(bf16, 3, BLOCK, compiled=True, faster=faster(True)) == torch.bfloat16
-    assert decode_cache_dtype(GPT(tiny()), 3, BLOCK, faster=faster(True)) == torch.float32
+    faster(True)
+    assert decode_cache_dtype(bf16, 3, BLOCK, compiled=True) == torch.bfloat16
+    assert decode_cache_dtype(GPT(tiny()), 3, BLOCK) == torch.float32
     assert asked == []  # neither a compiled step nor a float32 model is timed
 
 
