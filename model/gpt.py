@@ -122,7 +122,9 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     kernel's, rounded once to q's dtype."""
     dtype, n_rep = q.dtype, q.size(1) // k.size(1)
     upcast = float32 and dtype != torch.float32
-    with torch.autocast(q.device.type, enabled=False) if upcast else _no_context():
+    # autocast turned off only where it is on: entering the context costs a few microseconds, twelve times a token
+    with torch.autocast(q.device.type, enabled=False) if upcast and torch.is_autocast_enabled(q.device.type) \
+            else _no_context():
         if upcast:
             q, k, v = q.float(), k.float(), v.float()
         if n_rep > 1 and SDPA_HAS_GQA:
@@ -203,9 +205,19 @@ class KVCache(nn.Module):
         """Write k, v (B, n_kv_head, T, head_dim) at positions input_pos (T,); return the full buffers
         (B, n_kv_head, max_len, head_dim). Positions not yet written hold zeros, and the caller's mask
         hides them."""
-        self.k_cache.index_copy_(2, input_pos, k.to(self.k_cache.dtype))
-        self.v_cache.index_copy_(2, input_pos, v.to(self.v_cache.dtype))
-        return self.k_cache, self.v_cache
+        k_cache, v_cache = self.k_cache, self.v_cache
+        if k.shape[2] == 1 and k.device.type == "cpu" and not torch.compiler.is_compiling():
+            # one decoded position, eagerly on a CPU: copy_ converts to the cache's dtype as it writes, one kernel
+            # per tensor where index_copy_ needs a converted copy first (its source must have the buffer's dtype)
+            slot = int(input_pos)
+            if not 0 <= slot < k_cache.shape[2]:
+                raise IndexError(f"position {slot} is outside the cache's {k_cache.shape[2]} slots")
+            k_cache.narrow(2, slot, 1).copy_(k)
+            v_cache.narrow(2, slot, 1).copy_(v)
+        else:
+            k_cache.index_copy_(2, input_pos, k.to(k_cache.dtype))
+            v_cache.index_copy_(2, input_pos, v.to(v_cache.dtype))
+        return k_cache, v_cache
 
     def reset(self) -> None:
         """Zero both buffers in place (they keep their identity, which compiled code guards on)."""
@@ -296,7 +308,8 @@ class CausalSelfAttention(nn.Module):
         if self.head_patch is not None:
             out = self.head_patch.apply(out)  # (B, n_head, T, head_dim)
         y = out.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)  # heads side by side again
-        return self.resid_dropout(self.out_proj(y)), weights
+        y = self.out_proj(y)
+        return (self.resid_dropout(y) if self.training else y), weights  # dropout: identity in eval, its call skipped
 
 # --------------------------------------------------------------------------------------------------------------------
 # 6. The rest of a block: the two norms and the two MLPs
@@ -344,7 +357,8 @@ class GeluMLP(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.fc_out(F.gelu(self.fc_in(x), approximate="tanh")))
+        y = self.fc_out(F.gelu(self.fc_in(x), approximate="tanh"))
+        return self.dropout(y) if self.training else y
 
 
 class SwiGLU(nn.Module):
@@ -359,7 +373,8 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.fc_in(x).chunk(2, dim=-1)
-        return self.dropout(self.fc_out(F.silu(gate) * up))
+        y = self.fc_out(F.silu(gate) * up)
+        return self.dropout(y) if self.training else y
 
 
 def make_mlp(config: ModelConfig) -> nn.Module:
@@ -541,7 +556,7 @@ class GPT(nn.Module):
         x = self.tok_emb(idx)
         if self.pos_emb is not None:
             x = x + self.pos_emb(positions)
-        return self.emb_dropout(x)
+        return self.emb_dropout(x) if self.training else x
 
     def _rope(self, T: int, input_pos: torch.Tensor | None = None) -> torch.Tensor | None:
         """The RoPE rotations (T, head_dim/2, 2) of positions 0..T-1, or of input_pos; None without RoPE."""
@@ -600,7 +615,7 @@ class GPT(nn.Module):
         key = (weight.data_ptr(), weight._version, weight.dtype, weight.device)
         cached = self.__dict__.get("_head_columns")
         if cached is None or cached[0] != key:
-            with torch.no_grad():
+            with torch.inference_mode(False), torch.no_grad():  # a plain tensor, even when made while generating
                 cached = self.__dict__["_head_columns"] = (key, weight.detach().t().contiguous())
         return cached[1]
 
@@ -628,9 +643,12 @@ class GPT(nn.Module):
             for cache in caches:
                 cache.reset()
         else:
-            caches = [KVCache(batch_size, self.config.n_kv_head, max_len, self.config.head_dim, dtype=dtype,
-                              device=device) for _ in self.blocks]
-            self.causal_table = torch.ones(max_len, max_len, dtype=torch.bool, device=device).tril()
+            # plain tensors even when made inside generate's inference mode: the pool serves every later caller,
+            # and an inference tensor could not be zeroed outside that mode
+            with torch.inference_mode(False):
+                caches = [KVCache(batch_size, self.config.n_kv_head, max_len, self.config.head_dim, dtype=dtype,
+                                  device=device) for _ in self.blocks]
+                self.causal_table = torch.ones(max_len, max_len, dtype=torch.bool, device=device).tril()
             self.__dict__["_kv_pool"] = (key, caches, self.causal_table)
         for block, cache in zip(self.blocks, caches):
             block.attn.kv_cache = cache

@@ -58,6 +58,30 @@ def test_dropout_setting_reaches_every_dropout_layer():
     assert {block.attn.dropout_p for block in model.blocks} == {0.25}
 
 
+@pytest.mark.parametrize("mlp", ["gelu", "swiglu"])
+def test_the_residual_and_embedding_dropouts_zero_outputs_in_training_only(mlp):
+    """The dropout on what each sublayer writes into the residual stream, and on the embeddings: in training about
+    half the entries of each output are exactly 0 at p=0.5, the rest the eval output scaled by 2; in eval none."""
+    torch.manual_seed(2)
+    model = GPT(config(dropout=0.5, mlp=mlp, pos="learned"))
+    block = model.blocks[0]
+    x = torch.randn(4, 10, 32)
+    idx = torch.randint(0, 37, (4, 10))
+    outputs = {"attention": lambda: block.attn(x)[0], "mlp": lambda: block.mlp(x),
+               "embedding": lambda: model._embed(idx, torch.arange(10))}
+    for name, output in outputs.items():
+        model.eval()
+        clean = output()
+        assert (clean == 0).float().mean() < 0.01, name
+        model.train()
+        torch.manual_seed(3)
+        dropped = output()
+        zeros = dropped == 0
+        assert 0.4 < zeros.float().mean() < 0.6, name
+        if name != "attention":  # attention's weights are dropped too: its kept entries differ from 2x clean
+            torch.testing.assert_close(dropped[~zeros], 2 * clean[~zeros], msg=name)
+
+
 def test_generate_and_attention_maps_restore_the_training_mode():
     model = GPT(config())
     idx = torch.zeros(1, 3, dtype=torch.long)

@@ -76,7 +76,8 @@ class CallRecorder:
 
     def hook(self, module, args, kwargs, output) -> None:
         idx = args[0] if args else kwargs["idx"]
-        self.calls.append((idx.clone(), kwargs.get("input_pos"), output[0].detach().clone()))
+        with torch.inference_mode(False):  # plain copies of what generate (in inference mode) passed and got
+            self.calls.append((idx.clone(), kwargs.get("input_pos"), output[0].detach().clone()))
 
     def __enter__(self) -> CallRecorder:
         return self
@@ -491,3 +492,28 @@ def test_dumped_maps_are_causal_distributions_equal_to_a_recomputation(arch, tmp
         assert png.read_bytes()[:8] == PNG_SIGNATURE
         image = matplotlib.image.imread(png)
         assert image.ndim == 3 and image.shape[0] > 50 and image.shape[1] > 50
+
+
+def test_what_generate_hands_out_is_plain_and_what_it_leaves_serves_later_callers():
+    """generate runs in inference mode, but the tokens it returns and streams are plain tensors (they can be
+    changed in place and trained on), and the KV cache pool, the causal table and the LM head's column copy it
+    leaves behind serve later callers outside that mode: set up again and zeroed, read by a no-grad forward."""
+    model = lively(tiny(), seed=4)
+    prompt = prompts(2, 5, seed=6)
+    streamed = []
+    out = generate(model, prompt, 6, temperature=0.0, on_token=streamed.append)
+    assert not out.is_inference() and not any(t.is_inference() for t in streamed)
+    assert torch.equal(torch.stack(streamed, dim=1), out[:, 5:])
+    out[:, 0] = 0  # in place: refused on an inference tensor outside inference mode
+    model.train()
+    _, loss = model(out[:, :-1], targets=out[:, 1:])
+    loss.backward()  # the returned tokens feed a training step
+    model.eval()
+    model.setup_kv_cache(2, 11)  # the pooled buffers generate used, zeroed outside inference mode
+    assert not model.blocks[0].attn.kv_cache.k_cache.is_inference() and not model.causal_table.is_inference()
+    with torch.no_grad():
+        stepped, _ = model(prompt, input_pos=torch.arange(5))
+    model.clear_kv_cache()
+    assert not model.head_columns().is_inference()
+    with torch.no_grad():
+        torch.testing.assert_close(stepped, model(prompt)[0], atol=1e-5, rtol=0)

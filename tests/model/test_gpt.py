@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from model import GPT, ModelConfig
-from model.gpt import CausalSelfAttention
+from model.gpt import CausalSelfAttention, KVCache
 
 
 def tiny(**overrides) -> ModelConfig:
@@ -197,3 +197,25 @@ def test_cached_logits_equal_full_forward(arch):
     for t in range(7, 20):
         steps.append(model(idx[:, t:t + 1], input_pos=torch.tensor([t]))[0])
     assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_a_cache_write_of_one_position_equals_the_indexed_write_of_several(cache_dtype):
+    """KVCache.update writes one decoded position by a converting copy and several by index_copy_: the same
+    slots, the same numbers in the cache's dtype (bfloat16 keys widened exactly into a float32 cache), nothing
+    else touched; a position outside the cache is refused by both."""
+    k, v = torch.randn(2, 3, 5, 8).bfloat16(), torch.randn(2, 3, 5, 8).bfloat16()
+    one_by_one, at_once = KVCache(2, 3, 9, 8, dtype=cache_dtype), KVCache(2, 3, 9, 8, dtype=cache_dtype)
+    positions = torch.tensor([1, 2, 4, 6, 7])
+    for i, pos in enumerate(positions.tolist()):
+        one_by_one.update(torch.tensor([pos]), k[:, :, i:i + 1], v[:, :, i:i + 1])
+    at_once.update(positions, k, v)
+    for got, expected, source in ((one_by_one.k_cache, at_once.k_cache, k), (one_by_one.v_cache, at_once.v_cache, v)):
+        assert torch.equal(got, expected) and got.dtype == cache_dtype
+        assert torch.equal(got[:, :, positions], source.to(cache_dtype))
+        assert not got[:, :, [0, 3, 5, 8]].any()
+    for outside in (9, -1):
+        with pytest.raises(IndexError):
+            one_by_one.update(torch.tensor([outside]), k[:, :, :1], v[:, :, :1])
+        with pytest.raises(IndexError):
+            at_once.update(torch.tensor([outside, 0]), k[:, :, :2], v[:, :, :2])
