@@ -123,12 +123,10 @@ def decode_bytes_per_token(model: GPT, mean_context: float, cache_element_size: 
     return DecodeBytes(matmuls, other, kv)
 
 
-@torch.no_grad()
-def matmul_floor_seconds(model: GPT, rounds: int = 5, min_round_seconds: float = 0.02) -> float:
-    """Seconds of one pass of the model's matmuls alone at batch 1: each matmul module (the very objects the model
-    runs) called back to back on a (1, 1, in_features) input of the model's dtype, then the LM head through
-    GPT.logits under no grad, as decode runs it (on a CPU: x @ head_columns). Best of `rounds` rounds, each enough
-    passes to last `min_round_seconds` (a small model's pass is tens of microseconds); per pass."""
+def matmul_pass(model: GPT):
+    """A function running one pass of the model's matmuls alone at batch 1: each matmul module (the very objects
+    the model runs) called back to back on a (1, 1, in_features) input of the model's dtype, then the LM head
+    through GPT.logits, as decode runs it (on a CPU: x @ head_columns). Call it under no grad, as decode runs."""
     weight = model.tok_emb.weight
     device, dtype = weight.device, weight.dtype
     generator = torch.Generator().manual_seed(0)
@@ -141,7 +139,15 @@ def matmul_floor_seconds(model: GPT, rounds: int = 5, min_round_seconds: float =
         for module, x in modules:
             module(x)
         model.logits(head_input)  # (1, 1, vocab_size), the way the model's decode computes it
+    return one_pass
 
+
+@torch.no_grad()
+def matmul_floor_seconds(model: GPT, rounds: int = 5, min_round_seconds: float = 0.02) -> float:
+    """Seconds of one pass of the model's matmuls alone at batch 1 (matmul_pass), best of `rounds` rounds, each
+    enough passes to last `min_round_seconds` (a small model's pass is tens of microseconds); per pass."""
+    device = model.tok_emb.weight.device
+    one_pass = matmul_pass(model)
     one_pass()  # warm-up: GPT.head_columns builds its column-major copy on the first call
     passes = max(1, math.ceil(min_round_seconds / _report.timed(one_pass, device)[0]))
     best = min(_report.timed(lambda: [one_pass() for _ in range(passes)], device)[0] for _ in range(rounds))

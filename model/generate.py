@@ -140,7 +140,8 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int, temperature:
             token = sample_next(logits[:, -1], temperature, top_k, top_p, generator)  # (B,)
             out.append(token[:, None])
             if on_token is not None:
-                with torch.inference_mode(False):  # a plain tensor: the caller may keep it and train on it
+                # a plain tensor, which the caller may keep and train on; its code runs without grad, as before
+                with torch.inference_mode(False), torch.no_grad():
                     on_token(token.clone())
             if stop_token is not None:
                 finished |= token == stop_token

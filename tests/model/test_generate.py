@@ -500,9 +500,13 @@ def test_what_generate_hands_out_is_plain_and_what_it_leaves_serves_later_caller
     leaves behind serve later callers outside that mode: set up again and zeroed, read by a no-grad forward."""
     model = lively(tiny(), seed=4)
     prompt = prompts(2, 5, seed=6)
-    streamed = []
-    out = generate(model, prompt, 6, temperature=0.0, on_token=streamed.append)
+    streamed, modes = [], set()
+    def on_token(token):
+        streamed.append(token)
+        modes.add((torch.is_inference_mode_enabled(), torch.is_grad_enabled()))
+    out = generate(model, prompt, 6, temperature=0.0, on_token=on_token)
     assert not out.is_inference() and not any(t.is_inference() for t in streamed)
+    assert modes == {(False, False)}  # the callback runs outside inference mode, without grad
     assert torch.equal(torch.stack(streamed, dim=1), out[:, 5:])
     out[:, 0] = 0  # in place: refused on an inference tensor outside inference mode
     model.train()
