@@ -206,7 +206,8 @@ class KVCache(nn.Module):
         (B, n_kv_head, max_len, head_dim). Positions not yet written hold zeros, and the caller's mask
         hides them."""
         k_cache, v_cache = self.k_cache, self.v_cache
-        if k.shape[2] == 1 and k.device.type == "cpu" and not torch.compiler.is_compiling():
+        one_slot = k_cache.shape[:2] + (1,) + k_cache.shape[3:]  # what index_copy_ would accept for one position
+        if k.shape == one_slot and k.device.type == "cpu" and not torch.compiler.is_compiling():
             # one decoded position, eagerly on a CPU: copy_ converts to the cache's dtype as it writes, one kernel
             # per tensor where index_copy_ needs a converted copy first (its source must have the buffer's dtype)
             slot = int(input_pos)

@@ -214,6 +214,9 @@ def test_a_cache_write_of_one_position_equals_the_indexed_write_of_several(cache
         assert torch.equal(got, expected) and got.dtype == cache_dtype
         assert torch.equal(got[:, :, positions], source.to(cache_dtype))
         assert not got[:, :, [0, 3, 5, 8]].any()
+    with pytest.raises(RuntimeError):  # one position of another batch size: refused, not broadcast into every row
+        one_by_one.update(torch.tensor([0]), k[:1, :, :1], v[:1, :, :1])
+    assert not one_by_one.k_cache[:, :, 0].any()
     for outside in (9, -1):
         with pytest.raises(IndexError):
             one_by_one.update(torch.tensor([outside]), k[:, :, :1], v[:, :, :1])
