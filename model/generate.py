@@ -71,11 +71,12 @@ def draw_proportional(weights: torch.Tensor, generator: torch.Generator | None =
 
 def decode_cache_dtype(model: GPT, batch_size: int, max_len: int, compiled: bool = False) -> torch.dtype:
     """The dtype generate keeps its KV cache in: the model's, or float32 under a narrower model decoding eagerly on
-    a CPU where the fused attention kernel measured faster in float32 there (float32_attention_faster). CPU flash attention over one bfloat16 query is slow: GPT-2 small's heads over 100 cached positions
-    took 80-150 us a layer in bfloat16 against ~45 us on a float32 cache, over 1,000 positions 1,090 against 180 us,
-    on an AVX512-BF16 CPU (benchmarks/RESULTS.md). A
-    float32 cache holds the same numbers (each bfloat16 key and value widened exactly) and is read as it is stored
-    (CausalSelfAttention.forward), twice the memory of a bfloat16 one. Compiled decode steps keep the model's."""
+    a CPU where the fused attention kernel measured faster in float32 there (float32_attention_faster). CPU flash
+    attention over one bfloat16 query is slow: GPT-2 small's heads over 100 cached positions took 80-150 us a layer
+    in bfloat16 against ~45 us on a float32 cache, over 1,000 positions 1,090 against 180 us, on an AVX512-BF16 CPU
+    (benchmarks/RESULTS.md). A float32 cache holds the same numbers (each bfloat16 key and value widened exactly)
+    and is read as it is stored (CausalSelfAttention.forward), twice the memory of a bfloat16 one. Compiled decode
+    steps keep the model's."""
     dtype, device = model.tok_emb.weight.dtype, model.tok_emb.weight.device
     if compiled or device.type != "cpu" or dtype == torch.float32 or not dtype.is_floating_point:
         return dtype
@@ -113,7 +114,8 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int, temperature:
     compile: run the one-token decode steps through `compiled_decode_step` (KV cache only; the prefills stay
     eager). Its first call compiles (seconds to a minute); worth it for long generations or repeated calls.
     Runs in inference mode, where each op costs less than under no_grad (no version counters, no view tracking:
-    ~0.3 ms a token of GPT-2 small's decode step on a 2-core CPU); what it returns is a plain tensor."""
+    0.3-0.5 ms less a token for a decode step of GPT-2 small's 12 layers on a 2-core CPU, measured at width 96);
+    what it returns is a plain tensor."""
     block_size = model.config.block_size
     keep = max(1, block_size // 2)
     prompt = prompt[:, -block_size:]

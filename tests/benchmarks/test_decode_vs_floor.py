@@ -1,5 +1,6 @@
 """benchmarks/decode_vs_floor.py on a tiny shape (no speed is asserted): a row per round and their median, each
-ratio the floor pass over the decode step; by default it appends one section to RESULTS.md; bad input gets one line and exit 2."""
+ratio the floor pass over the decode step; by default it appends one section to RESULTS.md; bad input gets one
+line and exit 2."""
 from __future__ import annotations
 
 import os
