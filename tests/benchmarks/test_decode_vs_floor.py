@@ -16,9 +16,9 @@ SCRIPT = REPO / "benchmarks" / "decode_vs_floor.py"
 QUICK = ["--shape", "small", "--prompt", "3", "--new-tokens", "6", "--threads", "1"]
 
 
-def run(code_or_args: list[str], tmp_path=None) -> subprocess.CompletedProcess:
+def run(python_args: list[str]) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, *code_or_args], cwd=REPO, env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, *python_args], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)
 
 
