@@ -6,9 +6,10 @@
 
 Read in this order (each section builds on the ones above it):
     1. the attention formula from scratch, softmax(Q K^T / sqrt(d_k)) V, returning the weights this project draws
-    2. the fused path (F.scaled_dot_product_attention): the same numbers, faster, without the weights
-       (the two are proven equal by tests/model/test_attention.py; whenever weights are asked for, the
-       from-scratch path runs instead)
+    2. the fast paths, the same numbers without the weights: PyTorch's fused kernel
+       (F.scaled_dot_product_attention), and for training where it times faster the formula as chunked batched
+       matmuls (both proven equal to section 1 by tests/model/test_gpt_attention.py; whenever weights are asked for,
+       the from-scratch path runs instead)
     3. RoPE, rotary position embeddings
     4. the KV cache
     5. CausalSelfAttention: the q|k|v projections around the formula, grouped-query attention (GQA): n_head
@@ -93,7 +94,7 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     return out, weights
 
 # --------------------------------------------------------------------------------------------------------------------
-# 2. The fused path: PyTorch's F.scaled_dot_product_attention, for speed (it never returns the weights)
+# 2. The fast paths: PyTorch's fused kernel, and the formula as chunked batched matmuls (neither returns weights)
 # --------------------------------------------------------------------------------------------------------------------
 
 # F.scaled_dot_product_attention takes enable_gqa from PyTorch 2.5 on; with 2.4 k, v are repeated instead
@@ -121,7 +122,7 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     small.yaml's training step 1.20x faster with the upcast, benchmarks/RESULTS.md); the result is the float32
     kernel's, rounded once to q's dtype."""
     dtype, n_rep = q.dtype, q.size(1) // k.size(1)
-    upcast = float32 and dtype != torch.float32
+    upcast = float32 and torch.finfo(dtype).bits < 32  # float64 stays float64
     # autocast turned off only where it is on: entering the context costs a few microseconds, twelve times a token
     with torch.autocast(q.device.type, enabled=False) if upcast and torch.is_autocast_enabled(q.device.type) \
             else _no_context():
@@ -135,6 +136,52 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
             out = F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), attn_mask=mask,
                                                  is_causal=causal, dropout_p=dropout_p)
     return out.to(dtype)
+
+
+MATMUL_CHUNK = 128  # query rows per chunk of matmul_attention: fewer, larger matmuls against less masked work
+
+# The fast paths an attention layer can take for plain causal attention over its input (attn_impl sdpa), by name:
+#   "fused": F.scaled_dot_product_attention on q, k, v as autocast gives them;
+#   "fused float32": the same kernel on float32 copies (fused_attention's float32);
+#   "matmul": matmul_attention, in the autocast's dtype.
+ATTENTION_KERNELS = ("fused", "fused float32", "matmul")
+
+
+def matmul_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
+                     chunk: int = MATMUL_CHUNK) -> torch.Tensor:
+    """Causal self-attention of q (B, n_head, T, head_dim) over k, v (B, n_kv_head, T, head_dim) as batched
+    matmuls: softmax(Q K^T / sqrt(d_k) + causal bias) V, section 1's formula without keeping the weights.
+    Returns (B, n_head, T, head_dim) in the matmuls' dtype (under autocast, the autocast's).
+
+    Why it exists: at small head sizes CPU flash attention runs far below the machine's matmul rate (head_dim
+    32, T 256, bfloat16: forward and backward ~1.9x slower than this, benchmarks/RESULTS.md), and batched
+    bfloat16 matmuls win even though they write the scores out. Two things keep them cheap:
+      - the n_rep query heads that share a kv head are stacked along T, (B * n_kv_head, n_rep * rows,
+        head_dim), so each shared k, v is read by one matmul and never repeated (GQA and MQA as they are);
+      - the queries go in chunks of `chunk` rows and a chunk is scored only against the keys up to its last
+        row: the blocks above the diagonal, masked anyway, are never computed (~a quarter of the work at T 256).
+    The mask enters as an additive bias (0 or -inf) inside the first matmul (baddbmm), and `dropout_p` drops
+    weights as section 1 does (training only: the caller passes 0.0 in eval)."""
+    B, n_head, T, head_dim = q.shape
+    n_kv = k.size(1)
+    n_rep = n_head // n_kv
+    k = k.reshape(B * n_kv, T, head_dim)
+    v = v.reshape(B * n_kv, T, head_dim)
+    q = q.reshape(B, n_kv, n_rep, T, head_dim)  # query head h = kv head h // n_rep, as repeat_kv reads it
+    outs = []
+    for start in range(0, T, chunk):
+        end = min(start + chunk, T)  # queries start..end-1 see keys 0..end-1 at most
+        # query row r (position start + r) sees key j <= start + r: -inf strictly above that diagonal
+        bias = torch.full((end - start, end), float("-inf"), dtype=q.dtype, device=q.device).triu_(start + 1)
+        q_rows = q[:, :, :, start:end].reshape(B * n_kv, n_rep * (end - start), head_dim)
+        scores = torch.baddbmm(bias.repeat(n_rep, 1), q_rows, k[:, :end].transpose(1, 2),
+                               alpha=1.0 / math.sqrt(head_dim))  # (B * n_kv, n_rep * rows, end)
+        weights = torch.softmax(scores, dim=-1)
+        if dropout_p > 0.0:
+            weights = F.dropout(weights, p=dropout_p)
+        out = torch.bmm(weights, v[:, :end])  # (B * n_kv, n_rep * rows, head_dim)
+        outs.append(out.view(B, n_head, end - start, head_dim))
+    return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
 # --------------------------------------------------------------------------------------------------------------------
 # 3. Rotary position embeddings (RoPE, Su et al. 2021)
@@ -246,9 +293,9 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         self.kv_cache = None  # a KVCache (section 4) while generating with a cache
         self.head_patch: HeadPatch | None = None  # heads whose outputs are replaced (module doc); None = none
-        # the fused kernel on float32 copies of q, k, v under a lower-precision autocast (fused_attention); set
-        # by `dtype: auto` where it measured faster (training/autotune.py), never part of the model's config
-        self.fused_float32 = False
+        # which fast path plain causal attention over x takes (ATTENTION_KERNELS): set by `dtype: auto` to what
+        # measured fastest (training/autotune.py), a setting of the machine, never part of the model's config
+        self.attention_kernel = "fused"
 
     def project_qkv(self, x: torch.Tensor, rope: torch.Tensor | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -303,8 +350,11 @@ class CausalSelfAttention(nn.Module):
             sdpa_mask = None if T == 1 and mask is not None and not torch.compiler.is_compiling() else mask
             if not wide_cache:
                 k, v = k.to(q.dtype), v.to(q.dtype)
-            out = fused_attention(q, k, v, sdpa_mask, causal=mask is None, dropout_p=dropout_p,
-                                  float32=self.fused_float32 or wide_cache)
+            if mask is None and self.attention_kernel == "matmul":  # causal over x itself: training, evals
+                out = matmul_attention(q, k.to(q.dtype), v.to(q.dtype), dropout_p)
+            else:
+                out = fused_attention(q, k, v, sdpa_mask, causal=mask is None, dropout_p=dropout_p,
+                                      float32=self.attention_kernel == "fused float32" or wide_cache)
 
         if self.head_patch is not None:
             out = self.head_patch.apply(out)  # (B, n_head, T, head_dim)
@@ -661,11 +711,13 @@ class GPT(nn.Module):
             block.attn.kv_cache = None
         self.causal_table = None
 
-    def set_fused_attention_float32(self, on: bool) -> None:
-        """Every layer's fused attention kernel on float32 copies of q, k, v under a lower-precision autocast,
-        or not (model.gpt.fused_attention): a speed setting of the machine, not of the model."""
+    def set_attention_kernel(self, kernel: str) -> None:
+        """The fast path of every layer's plain causal attention (ATTENTION_KERNELS): a speed setting of the
+        machine, not of the model. Decoding against a KV cache always takes the fused kernel."""
+        if kernel not in ATTENTION_KERNELS:
+            raise ValueError(f"attention kernel {kernel!r} is not one of {', '.join(ATTENTION_KERNELS)}")
         for block in self.blocks:
-            block.attn.fused_float32 = bool(on)
+            block.attn.attention_kernel = kernel
 
     # ----------------------------------------------------------------------------------------------
     def num_params(self, exclude_embeddings: bool = False) -> int:

@@ -9,11 +9,12 @@ candidates compared timed in turn, ROUNDS rounds, each keeping its fastest round
   1. float32 eager (always: the baseline, and what an explicit `dtype: float32` would run);
   2. bfloat16 autocast eager, when the device supports bf16 and a short matmul probe does not already show
      bf16 matmuls slower than float32 ones (then its training steps cannot be faster: they are matmuls);
-     Before 1 and 2 are timed, when bfloat16 is a candidate under `dtype: auto` and the model runs the fused
-     attention kernel (attn_impl sdpa): that kernel alone, forward and backward at the run's shape, on q, k,
-     v in bfloat16 against float32 copies of them (fused_attention_timings); the float32 kernel is kept when
-     MIN_GAIN faster (GPT.set_fused_attention_float32), so the bfloat16 steps are timed with it, and dropped
-     again when float32 wins;
+     Before 1 and 2 are timed, when bfloat16 is a candidate under `dtype: auto` and the model runs the fast
+     attention paths (attn_impl sdpa): one layer's attention alone, forward and backward at the run's shape, in
+     each of them (attention_kernel_timings: the fused kernel on q, k, v in bfloat16, the same on float32
+     copies, and the formula as chunked bfloat16 matmuls); the fastest is kept when MIN_GAIN faster than the
+     fused kernel as autocast gives it (GPT.set_attention_kernel), so the bfloat16 steps are timed with it,
+     and dropped again when float32 wins;
   3. the winner of 1-2 compiled, when compile is `auto` and the rest of the run, at the eager pace, lasts
      at least COMPILE_MIN_RUN_S (compiling costs tens of seconds on a CPU: a shorter run cannot repay it).
 
@@ -78,7 +79,11 @@ MIN_GAIN = 1.05  # a candidate must beat float32 eager by 5% (timing noise on a 
 # float32 step was timed at 191 ms and, moments later, 2,863 ms, and no ratio drawn from such rounds means anything
 ROUND_NOISE = 1.25
 UNITS = ("ms/step", "ms/call")
-FLOAT32_ATTENTION = "float32 attention"  # the fused kernel on float32 copies of q, k, v (model/gpt.py)
+# the attention kernels timed, by the names their timings carry, and the model's name for each (model/gpt.py
+# ATTENTION_KERNELS); the baseline, "{dtype} attention", is the fused kernel as the autocast gives it q, k, v
+FLOAT32_ATTENTION = "float32 attention"  # the fused kernel on float32 copies of q, k, v
+MATMUL_ATTENTION = "matmul attention"  # the formula as chunked batched matmuls (model.gpt.matmul_attention)
+KERNEL_OF = {FLOAT32_ATTENTION: "fused float32", MATMUL_ATTENTION: "matmul"}  # any other name: "fused"
 
 
 @dataclass
@@ -103,7 +108,12 @@ class Comparison:
         parts = []
         for name, ms in self.ms_per_step.items():
             if name != self.baseline:
-                verdict = "kept" if name == self.kept else f"not kept (under {MIN_GAIN:.2f}x)"
+                if name == self.kept:
+                    verdict = "kept"
+                elif base / ms >= MIN_GAIN:  # fast enough, but another candidate was faster still
+                    verdict = f"not kept ({self.kept} faster)"
+                else:
+                    verdict = f"not kept (under {MIN_GAIN:.2f}x)"
                 if self.unsettled:
                     spread = ", ".join(f"{n}'s rounds {r:.2f}x apart" for n, r in self.unsettled.items())
                     verdict = f"not kept ({spread}, beyond the {ROUND_NOISE}x of noise: kept the safe default)"
@@ -137,14 +147,14 @@ class Choice:
     comparisons: list[Comparison] = field(default_factory=list)
     compile_seconds: float | None = None
     note: str = ""  # why a candidate was skipped or failed
-    # the fused attention kernel in the chosen lower-precision dtype against the same on float32 copies (None:
-    # not measured -- float32 chosen, the from-scratch path, or dtype set explicitly)
+    # the attention kernels timed in the chosen lower-precision dtype, the fused kernel as autocast gives it q, k,
+    # v the baseline (None: not measured -- float32 chosen, the from-scratch path, or dtype set explicitly)
     attention: Comparison | None = None
 
     @property
-    def attention_float32(self) -> bool:
-        """Whether the fused attention kernel runs on float32 copies of q, k, v (it measured faster)."""
-        return self.attention is not None and self.attention.kept == FLOAT32_ATTENTION
+    def attention_kernel(self) -> str:
+        """The attention kernel kept (model/gpt.py ATTENTION_KERNELS): "fused" unless another measured faster."""
+        return KERNEL_OF.get(self.attention.kept, "fused") if self.attention is not None else "fused"
 
     def summary(self) -> str:
         """One line for the run's log: the choice, then each comparison with the numbers it was decided on."""
@@ -179,8 +189,10 @@ class Choice:
         attention = d.get("attention")
         if attention is not None:
             attention = Comparison.from_json(attention)
-            if FLOAT32_ATTENTION not in attention.ms_per_step or attention.unit != "ms/call":
-                raise ValueError(f"attention is not a fused-attention comparison: {str(d['attention'])[:120]}")
+            baseline = attention.baseline
+            if not (attention.unit == "ms/call" and baseline in {f"{name} attention" for name in DTYPES} and
+                    FLOAT32_ATTENTION in attention.ms_per_step and set(attention.ms_per_step) <= {baseline, *KERNEL_OF}):
+                raise ValueError(f"attention is not a comparison of attention kernels: {str(d['attention'])[:120]}")
         return cls(dtype=d["dtype"], compile=d["compile"], comparisons=comparisons, compile_seconds=seconds,
                    note=str(d.get("note", "")), attention=attention)
 
@@ -224,15 +236,16 @@ def bf16_matmul_ratio(device: torch.device, size: int = 512, reps: int = 4, roun
     return seconds[torch.float32] / seconds[torch.bfloat16]
 
 
-def fused_attention_timings(model: nn.Module, batch_size: int, seq_len: int, dtype: str,
-                            device: torch.device) -> dict[str, float]:
-    """ms per call of one layer's fused attention, forward and backward, at the run's shape (batch_size x
-    seq_len, `model`'s heads, kv heads and head_dim) under `dtype` autocast: on q, k, v in `dtype` as the
-    kernel gets them ("{dtype} attention"), and on float32 copies (FLOAT32_ATTENTION); timed in turn as the
-    training steps are (_time_rounds). Why: CPU flash attention's bfloat16 backward ran slower than its
-    float32 one at head_dim 32 (GQA 4/2, block 256: 65 against 44 ms a step of small.yaml), which no
-    whole-step comparison of dtypes can separate from the matmuls, where bfloat16 wins."""
-    from model.gpt import fused_attention
+def attention_kernel_timings(model: nn.Module, batch_size: int, seq_len: int, dtype: str,
+                             device: torch.device) -> dict[str, float]:
+    """ms per call of one layer's causal attention, forward and backward, at the run's shape (batch_size x
+    seq_len, `model`'s heads, kv heads and head_dim) under `dtype` autocast, in each kernel: the fused one on
+    q, k, v in `dtype` as autocast gives them ("{dtype} attention"), the same on float32 copies
+    (FLOAT32_ATTENTION), and chunked batched matmuls (MATMUL_ATTENTION); timed in turn as the training steps
+    are (_time_rounds). Why: at head_dim 32 (GQA 4/2, block 256) CPU flash attention's bfloat16 backward ran
+    slower than its float32 one (65 against 44 ms a step of small.yaml) and the matmuls faster than both,
+    which no whole-step comparison of dtypes can separate from the projections', where bfloat16 wins."""
+    from model.gpt import fused_attention, matmul_attention
     config = model.config
     gen = torch.Generator(device=device).manual_seed(0)
     amp = DTYPES[dtype]
@@ -244,21 +257,25 @@ def fused_attention_timings(model: nn.Module, batch_size: int, seq_len: int, dty
     q, k, v = tensor(config.n_head), tensor(config.n_kv_head), tensor(config.n_kv_head)
     grad_out = tensor(config.n_head, grad=False)
 
-    def call(float32: bool) -> None:
-        with torch.autocast(device.type, dtype=amp):
-            out = fused_attention(q, k, v, None, causal=True, dropout_p=config.dropout, float32=float32)
-        torch.autograd.grad(out, (q, k, v), grad_out)
+    def call(attention: Callable[[], torch.Tensor]) -> Callable[[], None]:
+        def run() -> None:
+            with torch.autocast(device.type, dtype=amp):
+                out = attention()
+            torch.autograd.grad(out, (q, k, v), grad_out)
+        return run
 
-    runs = {f"{dtype} attention": lambda: call(False), FLOAT32_ATTENTION: lambda: call(True)}
+    runs = {f"{dtype} attention": call(lambda: fused_attention(q, k, v, None, True, config.dropout)),
+            FLOAT32_ATTENTION: call(lambda: fused_attention(q, k, v, None, True, config.dropout, float32=True)),
+            MATMUL_ATTENTION: call(lambda: matmul_attention(q, k, v, config.dropout))}
     for run in runs.values():
         run()  # warm-up: kernel selection, allocator
     return _time_rounds(runs, device)
 
 
 def _fused_model(model: nn.Module) -> bool:
-    """A model whose forward pass runs the fused attention kernel (attn_impl sdpa) and can upcast it."""
+    """A model whose forward pass runs the fast attention paths (attn_impl sdpa) and can choose between them."""
     config = getattr(model, "config", None)
-    return getattr(config, "attn_impl", None) == "sdpa" and hasattr(model, "set_fused_attention_float32")
+    return getattr(config, "attn_impl", None) == "sdpa" and hasattr(model, "set_attention_kernel")
 
 
 @contextmanager
@@ -351,16 +368,16 @@ def choose(timed: tuple[nn.Module, Optimizers, tuple[torch.Tensor, torch.Tensor]
         if dtype_setting == "auto" and lower and _fused_model(model):
             # the kernel's precision first, so that the bfloat16 steps are timed with the faster kernel: timed
             # with the slower one, a CPU's bfloat16 steps once read 1.03x float32 and the run trained in float32
-            kernel_ms = fused_attention_timings(model, x.size(0), x.size(1), lower[0], device)
+            kernel_ms = attention_kernel_timings(model, x.size(0), x.size(1), lower[0], device)
             attention = compare(kernel_ms, f"{lower[0]} attention", unit="ms/call")
-            model.set_fused_attention_float32(attention.kept == FLOAT32_ATTENTION)  # before any compile
+            model.set_attention_kernel(KERNEL_OF.get(attention.kept, "fused"))  # before any compile
         ms = _time_rounds(eager, device)
         baseline = "float32" if dtype_setting == "auto" else dtypes[0]
         comparisons.append(compare(ms, baseline))
         best = comparisons[-1].kept
         if best == "float32" and attention is not None:  # no autocast: the kernel's precision does not arise
             attention = None
-            model.set_fused_attention_float32(False)
+            model.set_attention_kernel("fused")
         compiled, compile_seconds, use_compile = None, None, compile_setting is True
         if compile_setting == "auto":
             eager_left_s = steps_left * ms[best] / 1e3
@@ -445,7 +462,7 @@ class Precision:
 
     autocast_dtype: torch.dtype | None  # None: plain float32 (the weights always stay float32)
     compile: bool  # torch.compile the model
-    attention_float32: bool = False  # the fused attention kernel on float32 copies (GPT.set_fused_attention_float32)
+    attention_kernel: str = "fused"  # the fast path of plain causal attention (GPT.set_attention_kernel)
 
 
 # builds what auto times, when it has to measure: (a model of the run's shape, its optimizers, one batch of the
@@ -486,4 +503,4 @@ def decide_precision(cfg: RunConfig, rt: Runtime, timing_run: TimingRun | None, 
         else rt.autocast_dtype
     return choice, Precision(autocast_dtype=autocast,
                              compile=choice.compile if tc.compile == "auto" else explicit.compile,
-                             attention_float32=choice.attention_float32 and autocast is not None)
+                             attention_kernel=choice.attention_kernel if autocast is not None else "fused")

@@ -49,7 +49,7 @@ class RunPlan:
 
     cfg: RunConfig  # the settings as given; callees take the sections they use
     rt: Runtime  # where and how it executes: device, processes, autocast dtype, compile (final)
-    attention_float32: bool  # the fused attention kernel on float32 copies (what auto measured faster)
+    attention_kernel: str  # the fast path of plain causal attention (what auto measured fastest)
     choice: Choice | None  # what dtype/compile auto decided, with its measurements; None when nothing was auto
     out_dir: Path
     latest: Path | None  # the checkpoint a resume continues
@@ -91,7 +91,7 @@ def resolve_run(cfg: RunConfig, rt: Runtime, say: Callable[[str], None] | None =
     choice, precision = decide_precision(cfg, rt, _timing_run(cfg, rt, model_config, prepared),
                                          steps_left=cfg.train.max_iters, resumed=latest is not None, say=say)
     rt = dataclasses.replace(rt, autocast_dtype=precision.autocast_dtype, compile=precision.compile)
-    return RunPlan(cfg=cfg, rt=rt, attention_float32=precision.attention_float32, choice=choice, out_dir=out_dir,
+    return RunPlan(cfg=cfg, rt=rt, attention_kernel=precision.attention_kernel, choice=choice, out_dir=out_dir,
                    latest=latest, source=source, model_config=model_config, prepared=prepared, extra=extra,
                    files=files, resume_point=resume_point)
 

@@ -151,7 +151,7 @@ def build(plan: RunPlan) -> Run:
         model = plan.source.build_for(plan.model_config)  # the pretrained weights; optimizer and schedule start fresh
     else:
         model = GPT(plan.model_config)  # GPT-2's random initialisation (a resume then loads out_dir/latest into it)
-    model.set_fused_attention_float32(plan.attention_float32)
+    model.set_attention_kernel(plan.attention_kernel)
     model = shard_model(model, rt) if tc.parallel == "fsdp" else model.to(rt.device)
     optimizers = build_optimizers(model, tc)
     optimizers.set_compute_dtype(rt.autocast_dtype)

@@ -319,16 +319,16 @@ def _decode_logits(model: GPT, cache_dtype: torch.dtype, prompt: torch.Tensor, s
 @pytest.mark.parametrize("n_kv_head", [4, 2])
 def test_a_float32_cache_under_a_bfloat16_model_is_attended_over_in_float32(n_kv_head):
     """The fused path over a float32 cache runs the kernel in float32 on the widened bfloat16 keys and values: the
-    very numbers of a bfloat16 cache read by the kernel on float32 copies (fused_float32), and not those of the
+    very numbers of a bfloat16 cache read by the kernel on float32 copies ("fused float32"), and not those of the
     bfloat16 kernel (which a float32 cache narrowed back to bfloat16 would give)."""
     model = lively(tiny(n_kv_head=n_kv_head, attn_impl="sdpa")).to(torch.bfloat16)
     prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(6))
     steps = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(7))
     narrow = _decode_logits(model, torch.bfloat16, prompt, steps)
     wide = _decode_logits(model, torch.float32, prompt, steps)
-    model.set_fused_attention_float32(True)
+    model.set_attention_kernel("fused float32")
     upcast = _decode_logits(model, torch.bfloat16, prompt, steps)
-    model.set_fused_attention_float32(False)
+    model.set_attention_kernel("fused")
     assert wide.dtype == torch.bfloat16
     assert torch.equal(wide, upcast)
     assert not torch.equal(wide, narrow)  # the bfloat16 kernel rounds differently: the test can tell them apart

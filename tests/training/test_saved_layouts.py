@@ -38,7 +38,7 @@ def test_an_autotune_choice_without_the_newer_fields_reads_with_their_defaults(t
     assert choice == Choice(dtype="bfloat16", compile=False, comparisons=[
         Comparison(DTYPE_TIMINGS, baseline="float32", kept="bfloat16", unit="ms/step", unsettled={})],
         compile_seconds=None, note="", attention=None)
-    assert not choice.attention_float32
+    assert choice.attention_kernel == "fused"
 
 
 def test_an_autotune_choice_with_the_newer_fields_reads_them(tmp_path):
@@ -51,7 +51,7 @@ def test_an_autotune_choice_with_the_newer_fields_reads_them(tmp_path):
     assert choice.comparisons[0].unsettled == {"bfloat16": 1.7} and choice.compile_seconds == 12.5
     assert choice.attention == Comparison({"bfloat16 attention": 0.5, FLOAT32_ATTENTION: 0.4}, "bfloat16 attention",
                                           FLOAT32_ATTENTION, "ms/call", {})
-    assert choice.attention_float32 and choice.to_json() == newer  # and saved back as read
+    assert choice.attention_kernel == "fused float32" and choice.to_json() == newer  # and saved back as read
 
 
 @pytest.mark.parametrize("saved", [None, 1])

@@ -1,7 +1,9 @@
-"""The fused attention kernel on float32 copies under a bfloat16 autocast (model.gpt.fused_attention,
-GPT.set_fused_attention_float32) and how `dtype: auto` chooses it (training/autotune.py): the upcast computes
-exactly the float32 kernel's result rounded once, it reaches the kernel when set and only then, and the
-choice follows the timings, prints them, survives a save and a resume, and is refused when damaged."""
+"""The fast attention paths a model can take (GPT.set_attention_kernel: the fused kernel, the same on float32
+copies under a bfloat16 autocast, chunked batched matmuls) and how `dtype: auto` chooses one (training/autotune.py):
+the upcast computes exactly the float32 kernel's result rounded once, each setting reaches every layer and
+only plain causal attention (decoding against a cache keeps the fused kernel), the paths give the same
+numbers, and the choice follows the timings, prints them, survives a save and a resume, and is refused when
+damaged. The matmul path's formula itself: tests/model/test_gpt_attention.py."""
 from __future__ import annotations
 
 import json
@@ -15,7 +17,9 @@ import torch.nn.functional as F
 
 import training.autotune as autotune
 from model import GPT, ModelConfig
-from model.gpt import causal_mask, fused_attention, scaled_dot_product_attention
+from model.generate import generate
+import model.gpt as gpt
+from model.gpt import ATTENTION_KERNELS, causal_mask, fused_attention, scaled_dot_product_attention
 from tests.training.test_autotune import ScriptedSteps
 from training.optim import build_optimizers
 from training.runtime import Runtime
@@ -81,20 +85,52 @@ def sdpa_model(seed: int = 0) -> GPT:
                            attn_impl="sdpa"))
 
 
-@pytest.mark.parametrize("on", [False, True])
-def test_the_setting_reaches_every_layers_kernel_and_only_when_set(monkeypatch, on):
+@pytest.mark.parametrize("kernel", ATTENTION_KERNELS)
+def test_the_setting_reaches_every_layers_kernel_and_only_when_set(monkeypatch, kernel):
     seen = []
-    kernel = F.scaled_dot_product_attention
-    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda q, *a, **kw: seen.append(q.dtype) or kernel(q, *a, **kw))
+    fused, matmul = F.scaled_dot_product_attention, gpt.matmul_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda q, *a, **kw: seen.append(("fused", q.dtype))
+                        or fused(q, *a, **kw))
+    monkeypatch.setattr(gpt, "matmul_attention", lambda q, *a, **kw: seen.append(("matmul", q.dtype))
+                        or matmul(q, *a, **kw))
     model = sdpa_model()
-    model.set_fused_attention_float32(on)
+    model.set_attention_kernel(kernel)
     idx = torch.randint(0, 32, (2, 16))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits, _ = model(idx)
-    assert seen == [torch.float32 if on else torch.bfloat16] * 2  # one call per layer, in the dtype it was set to
+    expected = {"fused": ("fused", torch.bfloat16), "fused float32": ("fused", torch.float32),
+                "matmul": ("matmul", torch.bfloat16)}[kernel]
+    assert seen == [expected] * 2  # one call per layer, of the path and in the dtype it was set to
     assert logits.dtype == torch.bfloat16
-    reference, _ = model(idx)  # float32 without autocast: both settings stay within bfloat16's rounding of it
+    reference, _ = model(idx)  # float32 without autocast: every setting stays within bfloat16's rounding of it
     torch.testing.assert_close(logits.float(), reference, atol=0.1, rtol=0.05)
+    seen.clear()  # decoding against a KV cache takes the fused kernel whatever the setting
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        generate(model, idx[:, :4], max_new_tokens=2, top_k=1)
+    assert seen and all(path == "fused" for path, _ in seen)
+
+
+@pytest.mark.parametrize("kernel", ATTENTION_KERNELS)
+def test_every_kernel_gives_the_from_scratch_numbers_in_training_and_evaluation(kernel):
+    """In float64 the three paths compute one formula: the logits and every weight's gradient of a model with
+    each setting equal those of the from-scratch path (attn_impl manual)."""
+    torch.manual_seed(1)
+    idx, targets = torch.randint(0, 32, (2, 16)), torch.randint(0, 32, (2, 16))
+    fast = sdpa_model(seed=2).double()
+    fast.set_attention_kernel(kernel)
+    scratch = GPT(ModelConfig(**{**fast.config.__dict__, "attn_impl": "manual"})).double()
+    scratch.load_state_dict(fast.state_dict())
+    for model in (fast, scratch):
+        _, loss = model(idx, targets)
+        loss.backward()
+    torch.testing.assert_close(fast(idx)[0], scratch(idx)[0], atol=1e-10, rtol=1e-10)
+    for (name, p), q in zip(fast.named_parameters(), scratch.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-10, rtol=1e-10, msg=name)
+
+
+def test_an_unknown_kernel_is_refused_by_name():
+    with pytest.raises(ValueError, match="'flash' is not one of fused, fused float32, matmul"):
+        sdpa_model().set_attention_kernel("flash")
 
 
 # --- how dtype: auto chooses it ------------------------------------------------------------------------
@@ -110,10 +146,10 @@ class ScriptedAttention(ScriptedSteps):
             self.attention_calls.append((batch_size, seq_len, dtype))
             self.events.append("attention timed")
             return dict(attention_ms)
-        monkeypatch.setattr(autotune, "fused_attention_timings", timings)
+        monkeypatch.setattr(autotune, "attention_kernel_timings", timings)
 
     def compile(self, module):
-        self.events.append(f"torch.compile (float32 attention {module.blocks[0].attn.fused_float32})")
+        self.events.append(f"torch.compile ({module.blocks[0].attn.attention_kernel} attention)")
         return types.SimpleNamespace(compiled=module)
 
     def choose(self, steps_left=10**6, dtype="auto", compile_model="auto"):
@@ -125,23 +161,30 @@ class ScriptedAttention(ScriptedSteps):
                                dtype, say=self.events.append)
 
 
-@pytest.mark.parametrize("bf16_ms, f32_ms", [(30.0, 20.0), (30.0, 30.0 / 1.04), (20.0, 30.0)])
-def test_auto_keeps_the_float32_kernel_only_when_it_beats_bfloat16_by_more_than_noise(monkeypatch, bf16_ms, f32_ms):
+@pytest.mark.parametrize("bf16_ms, f32_ms, matmul_ms, kernel", [
+    (30.0, 20.0, 25.0, "fused float32"), (30.0, 25.0, 20.0, "matmul"), (30.0, 30.0 / 1.04, 31.0, "fused"),
+    (20.0, 30.0, 20.0 / 1.04, "fused"), (20.0, 30.0, 10.0, "matmul")])
+def test_auto_keeps_the_fastest_kernel_only_when_it_beats_the_fused_one_by_more_than_noise(
+        monkeypatch, bf16_ms, f32_ms, matmul_ms, kernel):
     monkeypatch.setattr(autotune, "MEASURE_S", 0.0)
     scripted = ScriptedAttention(monkeypatch, {"float32": [1.0], "bfloat16": [0.5], "compiled": [0.4]},
-                                 {"bfloat16 attention": bf16_ms, "float32 attention": f32_ms})
+                                 {"bfloat16 attention": bf16_ms, "float32 attention": f32_ms,
+                                  "matmul attention": matmul_ms})
     choice, compiled = scripted.choose()
-    kept = bf16_ms / f32_ms >= autotune.MIN_GAIN
-    assert choice.dtype == "bfloat16" and choice.attention_float32 is kept
+    assert choice.dtype == "bfloat16" and choice.attention_kernel == kernel
     assert scripted.attention_calls == [(3, 16, "bfloat16")]  # the run's micro-batch shape, in the chosen dtype
-    assert all(block.attn.fused_float32 is kept for block in scripted.model.blocks)
+    assert all(block.attn.attention_kernel == kernel for block in scripted.model.blocks)
     # measured after the dtype, before the compile, which then traces the kernel as chosen
     order = [e for e in scripted.events if e == "attention timed" or e.startswith("torch.compile")]
-    assert order == ["attention timed", f"torch.compile (float32 attention {kept})"]
-    verdict = "kept" if kept else f"not kept (under {autotune.MIN_GAIN:.2f}x)"
-    part = f"float32 attention {f32_ms:.1f} vs bfloat16 attention {bf16_ms:.1f} ms/call: {bf16_ms / f32_ms:.2f}x, {verdict}"
+    assert order == ["attention timed", f"torch.compile ({kernel} attention)"]
+    kept_name = {"fused": "bfloat16 attention", "fused float32": "float32 attention", "matmul": "matmul attention"}
+    parts = []
+    for name, ms in (("float32 attention", f32_ms), ("matmul attention", matmul_ms)):
+        verdict = ("kept" if kept_name[kernel] == name else f"not kept ({kept_name[kernel]} faster)"
+                   if bf16_ms / ms >= autotune.MIN_GAIN else f"not kept (under {autotune.MIN_GAIN:.2f}x)")
+        parts.append(f"{name} {ms:.1f} vs bfloat16 attention {bf16_ms:.1f} ms/call: {bf16_ms / ms:.2f}x, {verdict}")
     summary = choice.summary()
-    assert re.search(r"kept; " + re.escape(part) + "; bfloat16 compiled", summary), summary
+    assert re.search(r"kept; " + re.escape("; ".join(parts)) + "; bfloat16 compiled", summary), summary
     assert autotune.Choice.from_json(json.loads(json.dumps(choice.to_json()))) == choice
 
 
@@ -149,12 +192,12 @@ def test_auto_keeps_the_float32_kernel_only_when_it_beats_bfloat16_by_more_than_
                                               ({"bfloat16": [0.5], "compiled": [0.4]}, "bfloat16")])
 def test_not_kept_when_float32_wins_and_not_measured_when_the_dtype_is_set(monkeypatch, durations, dtype):
     monkeypatch.setattr(autotune, "MEASURE_S", 0.0)
-    scripted = ScriptedAttention(monkeypatch, {"float32": [1.0], **durations}, {"bfloat16 attention": 9.0,
-                                                                               "float32 attention": 1.0})
+    scripted = ScriptedAttention(monkeypatch, {"float32": [1.0], **durations}, {
+        "bfloat16 attention": 9.0, "float32 attention": 1.0, "matmul attention": 2.0})
     choice, _ = scripted.choose(dtype=dtype)
-    assert choice.attention is None and not choice.attention_float32
+    assert choice.attention is None and choice.attention_kernel == "fused"
     assert scripted.attention_calls == ([(3, 16, "bfloat16")] if dtype == "auto" else [])
-    assert not any(block.attn.fused_float32 for block in scripted.model.blocks)
+    assert all(block.attn.attention_kernel == "fused" for block in scripted.model.blocks)
 
 
 def test_the_bfloat16_steps_are_timed_with_the_kernel_chosen(monkeypatch):
@@ -162,41 +205,44 @@ def test_the_bfloat16_steps_are_timed_with_the_kernel_chosen(monkeypatch):
     compared with float32's as they will run."""
     monkeypatch.setattr(autotune, "MEASURE_S", 0.0)
     scripted = ScriptedAttention(monkeypatch, {"float32": [1.0], "bfloat16": [0.5], "compiled": [0.4]},
-                                 {"bfloat16 attention": 30.0, "float32 attention": 20.0})
+                                 {"bfloat16 attention": 30.0, "float32 attention": 20.0, "matmul attention": 25.0})
     scripted.choose()
     timed = scripted.events.index("attention timed")
     assert scripted.events[:timed].count("bfloat16") == 1  # its warm-up only
     assert scripted.events[timed + 1:].count("bfloat16") >= autotune.ROUNDS * autotune.MIN_STEPS
 
 
-def test_the_real_timing_names_both_kernels_with_positive_times():
-    timed = autotune.fused_attention_timings(sdpa_model(), 2, 16, "bfloat16", torch.device("cpu"))
-    assert set(timed) == {"bfloat16 attention", "float32 attention"}
+def test_the_real_timing_names_every_kernel_with_positive_times():
+    timed = autotune.attention_kernel_timings(sdpa_model(), 2, 16, "bfloat16", torch.device("cpu"))
+    assert set(timed) == {"bfloat16 attention", "float32 attention", "matmul attention"}
     assert all(math.isfinite(ms) and ms > 0 for ms in timed.values())
 
 
-ATTENTION = autotune.Comparison({"bfloat16 attention": 30.0, "float32 attention": 20.0}, "bfloat16 attention",
-                                "float32 attention", unit="ms/call")
+ATTENTION = autotune.Comparison({"bfloat16 attention": 30.0, "float32 attention": 20.0, "matmul attention": 25.0},
+                                "bfloat16 attention", "float32 attention", unit="ms/call")
+KERNEL_NAMES = {"fused": "bfloat16 attention", "fused float32": "float32 attention", "matmul": "matmul attention"}
 SAVED = autotune.Choice(dtype="bfloat16", compile=False, comparisons=[
     autotune.Comparison({"float32": 2.0, "bfloat16": 1.0}, "float32", "bfloat16")], attention=ATTENTION)
 
 
-@pytest.mark.parametrize("kept", [True, False])
-def test_a_resume_and_every_process_apply_the_saved_kernel_choice(tmp_path, monkeypatch, kept):
+@pytest.mark.parametrize("kernel", ATTENTION_KERNELS)
+def test_a_resume_and_every_process_apply_the_saved_kernel_choice(tmp_path, monkeypatch, kernel):
     saved = autotune.Choice(**{**SAVED.__dict__, "attention": autotune.Comparison(
-        ATTENTION.ms_per_step, ATTENTION.baseline, "float32 attention" if kept else "bfloat16 attention", "ms/call")})
+        ATTENTION.ms_per_step, ATTENTION.baseline, KERNEL_NAMES[kernel], "ms/call")})
     autotune.save_choice(tmp_path, saved)
     monkeypatch.setattr(autotune, "choose", lambda *a, **kw: pytest.fail("a resume measured again"))
     cfg = autotune.RunConfig(out_dir=str(tmp_path), dtype="auto")
     rt = Runtime(torch.device("cpu"), None)
     choice, precision = autotune.decide_precision(cfg, rt, None, steps_left=10, resumed=True)
     assert choice == saved and precision.autocast_dtype == torch.bfloat16
-    assert precision.attention_float32 is kept
+    assert precision.attention_kernel == kernel
 
 
 @pytest.mark.parametrize("damage", [{"unit": "ms/step"}, {"unit": "s"}, {"kept": "float16 attention"},
                                     {"ms_per_step": {"bfloat16 attention": 30.0, "other": 20.0},
                                      "kept": "other", "baseline": "bfloat16 attention"},
+                                    {"ms_per_step": {**ATTENTION.ms_per_step, "other": 20.0}, "kept": "other"},
+                                    {"baseline": "float32 attention"},
                                     {"ms_per_step": {"bfloat16 attention": -1.0, "float32 attention": 20.0}}])
 def test_a_damaged_kernel_choice_is_measured_again_and_an_earlier_file_without_one_reads(tmp_path, damage):
     good = SAVED.to_json()
@@ -205,19 +251,19 @@ def test_a_damaged_kernel_choice_is_measured_again_and_an_earlier_file_without_o
     earlier = {k: v for k, v in good.items() if k != "attention"}
     (tmp_path / autotune.CHOICE_FILE).write_text(json.dumps(earlier))
     choice = autotune.saved_choice(tmp_path)
-    assert choice.attention is None and not choice.attention_float32 and choice.dtype == "bfloat16"
+    assert choice.attention is None and choice.attention_kernel == "fused" and choice.dtype == "bfloat16"
 
 
-@pytest.mark.parametrize("kept", [True, False])
-def test_the_run_builds_its_model_with_the_kernel_choice(tmp_path, monkeypatch, kept):
+@pytest.mark.parametrize("kernel", ATTENTION_KERNELS)
+def test_the_run_builds_its_model_with_the_kernel_choice(tmp_path, monkeypatch, kernel):
     """What auto decided for the kernel reaches every layer of the model the run trains (training/plan.py then
     trainer.build): the choice is a value of the plan, not a setting left on the model that was timed."""
     from tests.helpers import shakespeare_data_dir, tiny_config
     from training.trainer import train
     monkeypatch.setenv("ATTNGPT_DATA_DIR", str(shakespeare_data_dir(tmp_path / "data")))
     made = autotune.Choice(**{**SAVED.__dict__, "compile": False, "attention": autotune.Comparison(
-        ATTENTION.ms_per_step, ATTENTION.baseline, "float32 attention" if kept else "bfloat16 attention", "ms/call")})
+        ATTENTION.ms_per_step, ATTENTION.baseline, KERNEL_NAMES[kernel], "ms/call")})
     monkeypatch.setattr(autotune, "choose", lambda *a, **kw: (made, None))
     result = train(tiny_config(tmp_path, "train.max_iters=2", "eval.interval=2", "attn.enabled=false", "dtype=auto",
                                "train.compile=false", "model.attn_impl=sdpa"))
-    assert all(block.attn.fused_float32 is kept for block in result.model.blocks)
+    assert all(block.attn.attention_kernel == kernel for block in result.model.blocks)
