@@ -2,9 +2,9 @@
 
 Runs `training.trainer.train` on a config (default configs/small.yaml, ~5 minutes on a 2-core CPU) with any
 `key=value` overrides, then reads `out_dir/metrics.jsonl`: one row per eval (step, time_s, tokens seen,
-train loss, val loss). time_s is the trainer's own clock in every metrics row: seconds since its logger
-started (after the data is loaded and the model built, before `auto` times dtype and compile) to the
-row's writing (for an eval row: the eval's end), with that timing and compile, the earlier evals,
+train loss, val loss). time_s is the trainer's own clock in every metrics row: seconds since train() began
+(before the data is loaded or prepared, the model built and `auto` times dtype and compile) to the row's
+writing (for an eval row: the eval's end), with that preparation, timing and compile, the earlier evals,
 checkpoint saves and attention snapshots included: the wall-clock a user waits for that val loss.
 
     python benchmarks/quality_vs_time.py [CONFIG] [key=value ...] [--out-dir DIR] [--keep] [--threads N]
@@ -176,9 +176,9 @@ def main() -> None:
         title = f"{args.config}" if not args.metrics else f"{metrics} ({cfg.device}, {cfg.dtype})"
         _report.save(args, f"Val loss vs wall-clock, {title}", machine_line, "quality_vs_time.py",
                      *[f"- {line}" for line in lines],
-                     "- time_s: the trainer's clock in metrics.jsonl, seconds from the logger's start (after data "
-                     "loading and the model's build, before auto's timing and compile) to the eval's end, the "
-                     "timing, compile, earlier evals, checkpoint saves and attention snapshots included. tokens "
+                     "- time_s: the trainer's clock in metrics.jsonl, seconds from train()'s start (before the "
+                     "data's loading, the model's build, auto's timing and compile) to the eval's end, all of those, "
+                     "the earlier evals, checkpoint saves and attention snapshots included. tokens "
                      f"seen = step x {tokens_per_step:,} tokens/step.", "", *table, *extra_tables, "")
 
 

@@ -58,6 +58,9 @@ from training.run_dir import could_not_write
 
 COMPILE_MIN_RUN_S = 60.0  # try compiling only when the run's remaining eager time is at least this long
 MEASURE_S = 1.0  # time each candidate for about this long in all (at least MIN_STEPS steps a round)
+# the attention kernels alone: a call is a tenth of a step or less, and the kernels differ by 1.3-2.7x where they
+# differ at all, so ~5 calls a round settle them in a third of a training step's time
+KERNEL_MEASURE_S = 0.3
 MIN_STEPS = 2
 # candidates compared with each other are timed in turn, ROUNDS times, each keeping its fastest round: drift and
 # bursts of load on a shared machine hit a round, not every round of one candidate (timed one after the other,
@@ -269,7 +272,7 @@ def attention_kernel_timings(model: nn.Module, batch_size: int, seq_len: int, dt
             MATMUL_ATTENTION: call(lambda: matmul_attention(q, k, v, config.dropout))}
     for run in runs.values():
         run()  # warm-up: kernel selection, allocator
-    return _time_rounds(runs, device)
+    return _time_rounds(runs, device, KERNEL_MEASURE_S)
 
 
 def _fused_model(model: nn.Module) -> bool:
@@ -306,15 +309,18 @@ class Timings(dict):
         self.rounds = rounds
 
 
-def _time_rounds(steps: dict[str, Callable[[], None]], device: torch.device) -> Timings:
-    """Each candidate's ms per step, in ROUNDS rounds of the candidates in turn (a lone one: one round)."""
+def _time_rounds(steps: dict[str, Callable[[], None]], device: torch.device, measure_s: float | None = None
+                 ) -> Timings:
+    """Each candidate's ms per step, in ROUNDS rounds of the candidates in turn (a lone one: one round), each
+    round about measure_s / ROUNDS seconds of it (default MEASURE_S)."""
+    measure_s = MEASURE_S if measure_s is None else measure_s
     rounds: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(ROUNDS if len(steps) > 1 else 1):
         for name, step in steps.items():
-            n, elapsed = 0, 0.0  # MIN_STEPS steps at least, and about MEASURE_S / ROUNDS seconds
+            n, elapsed = 0, 0.0  # MIN_STEPS steps at least, and about measure_s / ROUNDS seconds
             synchronize(device)
             t0 = time.perf_counter()
-            while n < MIN_STEPS or elapsed < MEASURE_S / ROUNDS:
+            while n < MIN_STEPS or elapsed < measure_s / ROUNDS:
                 step()
                 n += 1
                 synchronize(device)

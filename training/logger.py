@@ -90,9 +90,11 @@ def read_run_id(path: Path) -> str | None:
 class RunLogger:
     """Only the main process logs; the others get a logger that does nothing."""
 
-    def __init__(self, cfg: RunConfig, is_main: bool, start_step: int, resumed: bool):
+    def __init__(self, cfg: RunConfig, is_main: bool, start_step: int, resumed: bool, started: float | None = None):
         self.enabled = is_main
-        self.t0 = time.perf_counter()  # metrics rows carry time_s: seconds since this process started training
+        # metrics rows carry time_s: seconds since `started` (time.perf_counter()), the moment this process began
+        # the run, so that what it waited for before the first step (data preparation, auto's timing) counts
+        self.t0 = time.perf_counter() if started is None else started
         self.out_dir = Path(cfg.out_dir)
         self.wandb = None
         self.bar = None

@@ -64,6 +64,7 @@ def train(cfg: RunConfig, should_stop: Callable[[int], bool] | None = None) -> T
 
 
 def _train(cfg: RunConfig, should_stop: Callable[[int], bool] | None) -> TrainResult:
+    started = time.perf_counter()  # the clock of the metrics rows' time_s (RunLogger)
     rt = setup_runtime(cfg.device, cfg.dtype)
     run: Run | None = None
     lock: RunDirLock | None = None
@@ -79,7 +80,7 @@ def _train(cfg: RunConfig, should_stop: Callable[[int], bool] | None) -> TrainRe
             dist.barrier()
         plan = resolve_run(cfg, rt)
         with reading(plan.prepared.dir):  # no data.prepare remakes the shards the loop reads
-            run = build(plan)
+            run = build(plan, started)
             result = train_loop(run, should_stop)
         finished = True
         return result
@@ -141,9 +142,10 @@ class Run:
             save_checkpoint(self.out_dir, BEST, self.raw_model, extra, files=self.files)
 
 
-def build(plan: RunPlan) -> Run:
+def build(plan: RunPlan, started: float | None = None) -> Run:
     """The model, optimizers and loader the plan describes; the resume from out_dir/latest if there is one; then
-    the resolved config written to out_dir, the logger, compile/DDP wrapping and the attention monitor."""
+    the resolved config written to out_dir, the logger, compile/DDP wrapping and the attention monitor.
+    started: when the run began (time.perf_counter()), from which the metrics rows' time_s count; None: from now."""
     cfg, rt, tc = plan.cfg, plan.rt, plan.cfg.train
     seed_everything(cfg.seed)  # the model's initialisation does not depend on what resolving drew
     # FSDP: built whole on the CPU, then each process keeps its shard on the device
@@ -169,7 +171,7 @@ def build(plan: RunPlan) -> Run:
         with could_not_write(plan.out_dir / "config.yaml", plan.out_dir):
             write_file(plan.out_dir / "config.yaml", config_to_yaml(dataclasses.replace(cfg, model=plan.model_config)))
 
-    logger = RunLogger(cfg, rt.is_main, result.step, resumed=plan.latest is not None)
+    logger = RunLogger(cfg, rt.is_main, result.step, resumed=plan.latest is not None, started=started)
     try:
         if plan.latest is not None:
             logger.write(f"resuming from '{plan.latest}' at step {result.step} (best val {result.best_val:.4f})")

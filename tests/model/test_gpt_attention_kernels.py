@@ -212,8 +212,13 @@ def test_the_bfloat16_steps_are_timed_with_the_kernel_chosen(monkeypatch):
     assert scripted.events[timed + 1:].count("bfloat16") >= autotune.ROUNDS * autotune.MIN_STEPS
 
 
-def test_the_real_timing_names_every_kernel_with_positive_times():
+def test_the_real_timing_names_every_kernel_with_positive_times(monkeypatch):
+    budgets = []
+    time_rounds = autotune._time_rounds
+    monkeypatch.setattr(autotune, "_time_rounds", lambda runs, device, measure_s=None: budgets.append(measure_s)
+                        or time_rounds(runs, device, measure_s))
     timed = autotune.attention_kernel_timings(sdpa_model(), 2, 16, "bfloat16", torch.device("cpu"))
+    assert budgets == [autotune.KERNEL_MEASURE_S]  # the kernels' shorter budget, not a training step's
     assert set(timed) == {"bfloat16 attention", "float32 attention", "matmul attention"}
     assert all(math.isfinite(ms) and ms > 0 for ms in timed.values())
 

@@ -343,3 +343,21 @@ def test_a_run_prints_what_auto_times_right_after_the_model_line(tmp_path, data_
     assert lines[1].startswith("auto: timing float32 training steps (~")
     assert lines[1].endswith("skip it by setting train.compile=false or true")
     assert lines[2].startswith("auto: dtype float32, compile off (float32 ") and "compile not tried" in lines[2]
+
+
+@pytest.mark.parametrize("measure_s, calls", [(None, 3 * 34), (0.3, 3 * 10), (0.0, 3 * autotune.MIN_STEPS)])
+def test_each_candidate_is_timed_for_its_budget_split_over_the_rounds(monkeypatch, measure_s, calls):
+    """On a clock that a call advances by 10 ms, each of ROUNDS rounds runs until measure_s / ROUNDS has passed
+    (MEASURE_S when none is given), and for MIN_STEPS calls at least."""
+    clock = types.SimpleNamespace(now=0.0)
+    monkeypatch.setattr(autotune, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
+    counts = {"a": 0, "b": 0}
+
+    def call(name):
+        def run():
+            clock.now += 0.01
+            counts[name] += 1
+        return run
+    timed = autotune._time_rounds({name: call(name) for name in counts}, torch.device("cpu"), measure_s)
+    assert counts == {"a": calls, "b": calls}
+    assert timed == {"a": pytest.approx(10.0), "b": pytest.approx(10.0)}

@@ -146,3 +146,19 @@ def test_a_full_disk_while_writing_run_files_is_one_line_and_keeps_the_checkpoin
     assert "(No space left on device); the last good checkpoint in" in message and "is intact" in message
     monkeypatch.undo()
     assert load_train_state(out / LATEST)["step"] == 2
+
+
+def test_time_s_counts_from_the_start_of_the_run_with_what_came_before_the_first_step(tmp_path, data_dir,
+                                                                                     monkeypatch):
+    """The metrics rows' clock starts when train() begins, so the wait before the first step (data preparation,
+    auto's timing) is in every time_s: resolving a run made 0.5 s slower moves the first row by as much."""
+    import json
+    import time
+
+    import training.trainer as trainer
+    resolve = trainer.resolve_run
+    monkeypatch.setattr(trainer, "resolve_run", lambda *a, **kw: time.sleep(0.5) or resolve(*a, **kw))
+    monkeypatch.setenv("ATTNGPT_DATA_DIR", str(data_dir))
+    train(tiny_config(tmp_path, "train.max_iters=1", "eval.interval=1", "attn.enabled=false"))
+    first = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["step"] == 1 and first["time_s"] >= 0.5
