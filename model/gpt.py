@@ -154,8 +154,9 @@ def matmul_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_
     Returns (B, n_head, T, head_dim) in the matmuls' dtype (under autocast, the autocast's).
 
     Why it exists: at small head sizes CPU flash attention runs far below the machine's matmul rate (head_dim
-    32, T 256, bfloat16: forward and backward ~1.9x slower than this, benchmarks/RESULTS.md), and batched
-    bfloat16 matmuls win even though they write the scores out. Two things keep them cheap:
+    32, T 256: its forward and backward took 2.4-2.7x as long as this in bfloat16, 1.8x on float32 copies,
+    benchmarks/RESULTS.md), and batched bfloat16 matmuls win even though they write the scores out. Two things
+    keep them cheap:
       - the n_rep query heads that share a kv head are stacked along T, (B * n_kv_head, n_rep * rows,
         head_dim), so each shared k, v is read by one matmul and never repeated (GQA and MQA as they are);
       - the queries go in chunks of `chunk` rows and a chunk is scored only against the keys up to its last
@@ -351,7 +352,7 @@ class CausalSelfAttention(nn.Module):
             if not wide_cache:
                 k, v = k.to(q.dtype), v.to(q.dtype)
             if mask is None and self.attention_kernel == "matmul":  # causal over x itself: training, evals
-                out = matmul_attention(q, k.to(q.dtype), v.to(q.dtype), dropout_p)
+                out = matmul_attention(q, k, v, dropout_p)
             else:
                 out = fused_attention(q, k, v, sdpa_mask, causal=mask is None, dropout_p=dropout_p,
                                       float32=self.attention_kernel == "fused float32" or wide_cache)

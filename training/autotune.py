@@ -192,9 +192,9 @@ class Choice:
         attention = d.get("attention")
         if attention is not None:
             attention = Comparison.from_json(attention)
-            baseline = attention.baseline
-            if not (attention.unit == "ms/call" and baseline in {f"{name} attention" for name in DTYPES} and
-                    FLOAT32_ATTENTION in attention.ms_per_step and set(attention.ms_per_step) <= {baseline, *KERNEL_OF}):
+            timed, baseline = set(attention.ms_per_step), attention.baseline
+            if not (attention.unit == "ms/call" and baseline in {f"{name} attention" for name in DTYPES}
+                    and FLOAT32_ATTENTION in timed and timed <= {baseline, *KERNEL_OF}):
                 raise ValueError(f"attention is not a comparison of attention kernels: {str(d['attention'])[:120]}")
         return cls(dtype=d["dtype"], compile=d["compile"], comparisons=comparisons, compile_seconds=seconds,
                    note=str(d.get("note", "")), attention=attention)
