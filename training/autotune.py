@@ -89,6 +89,12 @@ MATMUL_ATTENTION = "matmul attention"  # the formula as chunked batched matmuls 
 KERNEL_OF = {FLOAT32_ATTENTION: "fused float32", MATMUL_ATTENTION: "matmul"}  # any other name: "fused"
 
 
+def kernel_kept(attention: "Comparison | None") -> str:
+    """The model's name (ATTENTION_KERNELS) of the kernel a comparison kept: "fused" unless another measured
+    faster, and where nothing was measured."""
+    return KERNEL_OF.get(attention.kept, "fused") if attention is not None else "fused"
+
+
 @dataclass
 class Comparison:
     """Candidates timed in turn (ms per step, each its fastest round) and the one kept: `baseline` unless
@@ -157,7 +163,7 @@ class Choice:
     @property
     def attention_kernel(self) -> str:
         """The attention kernel kept (model/gpt.py ATTENTION_KERNELS): "fused" unless another measured faster."""
-        return KERNEL_OF.get(self.attention.kept, "fused") if self.attention is not None else "fused"
+        return kernel_kept(self.attention)
 
     def summary(self) -> str:
         """One line for the run's log: the choice, then each comparison with the numbers it was decided on."""
@@ -376,7 +382,7 @@ def choose(timed: tuple[nn.Module, Optimizers, tuple[torch.Tensor, torch.Tensor]
             # with the slower one, a CPU's bfloat16 steps once read 1.03x float32 and the run trained in float32
             kernel_ms = attention_kernel_timings(model, x.size(0), x.size(1), lower[0], device)
             attention = compare(kernel_ms, f"{lower[0]} attention", unit="ms/call")
-            model.set_attention_kernel(KERNEL_OF.get(attention.kept, "fused"))  # before any compile
+            model.set_attention_kernel(kernel_kept(attention))  # before any compile
         ms = _time_rounds(eager, device)
         baseline = "float32" if dtype_setting == "auto" else dtypes[0]
         comparisons.append(compare(ms, baseline))
