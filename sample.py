@@ -5,7 +5,7 @@
     python sample.py --prompt "To be, or not" --dump-attn all   # attn.npz (+ head roles, ablation, circuit), heatmaps,
                                                                 # attention.html
     python sample.py --ckpt gpt2 --prompt "The animal didn't cross the street because it was tired" --dump-attn all
-    python sample.py --ckpt gpt2 --dtype bfloat16 --quantize int8 --prompt "Hello"   # int8 weights (CPU decoding)
+    python sample.py --ckpt gpt2 --quantize int8 --prompt "Hello"                    # int8 weights (CPU decoding)
 
 --ckpt also takes a Hugging Face model folder or hub id (GPT-2, Llama family): converted in memory.
 
@@ -73,7 +73,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true", help="compile the decode step (torch.compile; CUDA graphs on a "
                                                           "GPU): faster per token after a one-time compile")
     p.add_argument("--quantize", choices=QUANTIZE_MODES, default=None,
-                   help="int8 weights, per output channel, for CPU decoding: int8 (weight-only, needs --dtype "
+                   help="int8 weights, per output channel, for CPU decoding: int8 (weight-only; --dtype float32 or "
                         "bfloat16) or int8-dynamic (activations in int8 too, per token); model/quantize.py")
     p.add_argument("--dump-attn", metavar="SPEC", help="attention maps over the prompt: all | 0,2 | 1:3,0:1")
     p.add_argument("--no-circuit", action="store_true",
@@ -137,10 +137,10 @@ def check_flags(args: argparse.Namespace) -> None:
     if args.quantize is not None:
         if args.device != "auto":
             check_quantize_device(args.quantize, args.device)
-        if args.quantize == "int8" and args.dtype != "bfloat16":
-            # without bfloat16 activations the int8 weights are dequantized at every matmul: slower than float32
-            raise UserError(f"--quantize int8 keeps activations in bfloat16 for its kernel, not --dtype {args.dtype}: "
-                            f"add --dtype bfloat16, or use --quantize int8-dynamic")
+        if args.quantize == "int8" and args.dtype == "float16":
+            # torch's int8 kernels take float32 or bfloat16 rows: float16 would dequantize the weights at every matmul
+            raise UserError("--quantize int8 runs its int8 kernels on float32 or bfloat16 activations, not --dtype "
+                            "float16: use --dtype float32 (the default) or bfloat16")
 
 
 def check_quantize_device(mode: str, device: str) -> None:

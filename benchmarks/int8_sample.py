@@ -3,9 +3,10 @@ and val loss, on one CPU, batch 1.
 
 Variants (each built fresh from the same weights; the LM head either float or int8, never measured here):
   float32, bfloat16                the float model
-  int8 [head int8]                 weight-only int8, bfloat16 activations (_weight_int8pack_mm)
-  int8-dynamic/<dtype> [head int8] int8 weights and per-token int8 activations (FBGEMM / torch._int_mm), the
-                                   rest of the model (attention, norms, embedding) in <dtype>
+  int8/<dtype> [head int8]         weight-only int8: each token's activations as two int8 digits (FBGEMM), or
+                                   bfloat16 rows into _weight_int8pack_mm where this torch has no FBGEMM
+  int8-dynamic/<dtype> [head int8] int8 weights and per-token int8 activations (FBGEMM / torch._int_mm)
+                                   (the rest of the model -- attention, norms, embedding -- in <dtype>)
 For each: ms/token = wall time of one model.generate.generate call (greedy, KV cache, prompt prefill included)
 over its new tokens, median of --rounds interleaved rounds (each round runs every variant once, starting one
 variant later each round); agreement = the share of the first --agree new tokens identical to float32's, and the
@@ -43,7 +44,7 @@ from common.errors import ArgumentParser, UserError, user_errors_exit
 from model import GPT
 from model.generate import generate
 from model.packed import PackedLinear, is_packed, onednn_packs, pack_linears
-from model.quantize import Int8Linear, quantize_int8
+from model.quantize import Int8Linear, digit_levels, quantize_int8
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,10 @@ class Variant:
 VARIANTS = (
     Variant("float32", torch.float32),
     Variant("bfloat16", torch.bfloat16),
-    Variant("int8", torch.bfloat16, "int8"),
-    Variant("int8 head int8", torch.bfloat16, "int8", True),
+    Variant("int8/float32", torch.float32, "int8"),
+    Variant("int8/float32 head int8", torch.float32, "int8", True),
+    Variant("int8/bfloat16", torch.bfloat16, "int8"),
+    Variant("int8/bfloat16 head int8", torch.bfloat16, "int8", True),
     Variant("int8-dynamic/float32", torch.float32, "int8-dynamic"),
     Variant("int8-dynamic/float32 head int8", torch.float32, "int8-dynamic", True),
     Variant("int8-dynamic/bfloat16", torch.bfloat16, "int8-dynamic"),
@@ -181,6 +184,18 @@ def int8_machine_line() -> str:
         _report.cpu_bf16_support() + ", " + _report.flag_list(("avx512_vnni", "amx_int8"))])
 
 
+class WeightPackKernel(torch.nn.Module):
+    """Int8Linear's weight-only bfloat16 path alone (_weight_int8pack_mm: what compiled code and a torch without
+    FBGEMM run), beside the two-digit FBGEMM path its forward takes here."""
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.layer = Int8Linear.from_linear(linear, "int8")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer.run(x, one_row_kernels=False)
+
+
 def kernel_report(build, label: str, args: argparse.Namespace) -> None:
     """The --kernels table: each kernel over all the block matmuls in turn, and over the LM head, at one row."""
     model = build(torch.float32)
@@ -189,11 +204,14 @@ def kernel_report(build, label: str, args: argparse.Namespace) -> None:
     kernels = {  # name -> (activation dtype, make one layer's module from an nn.Linear)
         "bfloat16 F.linear": (torch.bfloat16, lambda lin: copy.deepcopy(lin).to(torch.bfloat16)),
         "bfloat16 oneDNN-packed": (torch.bfloat16, lambda lin: PackedLinear(copy.deepcopy(lin).to(torch.bfloat16))),
-        "int8 (_weight_int8pack_mm)": (torch.bfloat16, lambda lin: Int8Linear.from_linear(lin, "int8")),
+        "int8 (_weight_int8pack_mm)": (torch.bfloat16, WeightPackKernel),
+        "int8 (two int8 digits, FBGEMM)": (torch.float32, lambda lin: Int8Linear.from_linear(lin, "int8")),
         "int8-dynamic (one-row kernel)": (torch.float32, lambda lin: Int8Linear.from_linear(lin, "int8-dynamic")),
     }
     if not onednn_packs(torch.bfloat16):
         del kernels["bfloat16 oneDNN-packed"]
+    if digit_levels() is None:
+        del kernels["int8 (two int8 digits, FBGEMM)"]
     table = ["| kernel | block matmuls ms | GB/s | LM head ms | GB/s |", "|---|---:|---:|---:|---:|"]
     for name, (dtype, make) in kernels.items():
         with torch.no_grad():

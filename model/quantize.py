@@ -12,13 +12,22 @@ weights is not flattened by a large one elsewhere. (A scale stored in bfloat16 i
 ever needs clamping; an all-zero row gets scale 1 and stays exactly zero.)
 
 Two modes, both with these weights:
-    int8           weight-only: activations stay bfloat16. On a CPU with a bfloat16 input the matmul is
-                   torch.ops.aten._weight_int8pack_mm (int8 weights converted on the fly, float accumulation,
-                   times the per-row scales); any other input (float32, another device) runs F.linear on the
-                   dequantized weight in the input's dtype: the same numbers, no special kernel (and slower than
-                   float32 itself, so sample.py asks for --dtype bfloat16 instead). The AVX-512 kernel reads each
-                   row 16 values at a time with no tail: on torch 2.13 in_features 24 gave garbage and 7 crashed
-                   the process, so a layer whose in_features is not a multiple of 16 is refused at quantize time.
+    int8           weight-only: activations are not rounded to 8 bits. On a CPU with FBGEMM (x86 builds) each
+                   activation row (one token) is carried at 16 bits as two int8 digits: with s = max|row| / D,
+                   u = x / s, h = round(u) and l = round((u - h) * B), x ~ s * (h + l / B), where D = 127 and B =
+                   254 (D = 63, B = 126 where 256 codes saturate this CPU's kernel: digit_levels). Every entry is
+                   then within s / (2B) = max|row| / 64516 of x (/ 15876 at 7-bit digits): finer than bfloat16's
+                   own rounding (|x| / 512) for every entry within a factor 126 of the row's largest. Both digit
+                   rows of every token go through one FBGEMM int8 product (torch.ops.quantized.linear_with_input_
+                   q_dq_qweight_dq_output_fp32, u8 codes around zero point D + 1, exact in int32, the weights'
+                   scales applied inside): y = s * (W h + W l / B) + b in float32, one read of the int8 weights for
+                   both digits. Code being compiled (Inductor does not lower that op) and a bfloat16 input where
+                   this torch has no FBGEMM run torch.ops.aten._weight_int8pack_mm on the bfloat16 row instead
+                   (int8 weights converted on the fly, float accumulation, times the per-row scales); any other
+                   input (float32 there, another device) runs F.linear on the dequantized weight in the input's
+                   dtype: the same numbers, no special kernel. _weight_int8pack_mm's AVX-512 loop reads each row
+                   16 values at a time with no tail: on torch 2.13 in_features 24 gave garbage and 7 crashed the
+                   process, so a layer whose in_features is not a multiple of 16 is refused at quantize time.
     int8-dynamic   weights AND activations in int8: each activation row (one token) is quantized at run time to
                    uint8 with its own scale and zero point over [min(row, 0), max(row, 0)] (asymmetric: 256 levels
                    between the row's extremes, 0.0 exactly representable), and the product runs on integers. This
@@ -50,10 +59,8 @@ qkv/out/fc_in/fc_out, each of the 48 a separate weight so that they stream from 
 the 50304 x 768 head; `benchmarks/int8_sample.py --kernels`): bfloat16 F.linear 18.5 ms, bfloat16 oneDNN-packed
 12.6 ms (head 4.5), _weight_int8pack_mm 9.4 ms (head 3.8), FBGEMM's linear_dynamic 5.2 ms (head 1.7). So torch's
 weight-only kernel reads ~9 GB/s at one row, below what the memory gives, while FBGEMM's reads 16-22 GB/s, the
-byte rate of bfloat16's packed kernel or more: twice the weights a second. Whole decode steps through
-model.generate (greedy, GPT-2 small trained briefly, benchmarks/RESULTS.md): bfloat16 on prepacked weights
-(model/packed.py) 18.3 ms a token, `int8` 15.3 ms (1.20x), `int8-dynamic` on a float32 model with its int8
-head 10.2 ms (1.79x).
+byte rate of bfloat16's packed kernel or more: twice the weights a second. FBGEMM's product of two rows (the two
+digits) costs little more than one: the weights are read once. Whole decode steps, benchmarks/RESULTS.md.
 
 The LM head (`quantize_int8(lm_head=None)`): the float head of a CPU decode step already streams a column-major
 copy (GPT.logits) or a oneDNN-packed one (model/packed.py), so whether int8 beats it depends on the machine; it
@@ -83,6 +90,7 @@ from model.timing import best_seconds
 
 QUANTIZE_MODES = ("int8", "int8-dynamic")
 MODE_TEXT = {"int8": "int8 weights, bfloat16 activations",
+             "int8 digits": "int8 weights, activations as two int8 digits per token (16 bits)",
              "int8-dynamic": "int8 weights, int8 activations quantized per token at run time"}
 INT8_MAX = 127  # symmetric: -127..127, so that -W quantizes to exactly -q
 KERNEL_IN_MULTIPLE = 16  # _weight_int8pack_mm's AVX-512 loop reads rows 16 values at a time, no tail
@@ -152,6 +160,9 @@ def _fbgemm_prepack(weight_int8: torch.Tensor, scales: torch.Tensor, bias: torch
         torch.backends.quantized.engine = previous
 
 
+DIGIT_KERNEL = "linear_with_input_q_dq_qweight_dq_output_fp32"  # FBGEMM's int8 product on codes we give it
+
+
 PROBE_WIDTH = 64  # in_features of the saturation probe: 32 pairs of products, each pair 2 x 255 x 127 at worst
 
 
@@ -188,6 +199,47 @@ def activation_levels() -> int:
     return 256 if _one_row_kernels_exact(256) else 128
 
 
+def _digit_kernel_exact(levels: int) -> bool:
+    """Whether FBGEMM's int8 product on given codes (DIGIT_KERNEL) is exact here for `levels`-level digits on the
+    worst case: every digit at its top (code levels - 1), every weight 127. False where this torch lacks FBGEMM
+    or the op, or the op raises."""
+    top_digit = levels // 2 - 1
+    weight = torch.full((8, PROBE_WIDTH), INT8_MAX, dtype=torch.int8)
+    packed = _fbgemm_prepack(weight, torch.ones(8), None)
+    if packed is None or not hasattr(torch.ops.quantized, DIGIT_KERNEL):
+        return False
+    try:
+        y = getattr(torch.ops.quantized, DIGIT_KERNEL)(torch.full((1, PROBE_WIDTH), float(top_digit)), 1.0,
+                                                       levels // 2, packed)
+    except RuntimeError:
+        return False
+    exact = float(PROBE_WIDTH * top_digit * INT8_MAX)
+    return bool(((y - exact).abs() <= 1e-4 * exact).all())
+
+
+@functools.cache
+def digit_levels() -> int | None:
+    """The codes of weight-only int8's activation digits on this machine (module doc): 256 where FBGEMM's
+    product sums them exactly, 128 where 256 saturate it, None where neither is exact or there is no FBGEMM
+    (then _weight_int8pack_mm or F.linear take every row). Measured once, on the first int8 layer."""
+    for levels in (256, 128):
+        if _digit_kernel_exact(levels):
+            return levels
+    return None
+
+
+def split_digits(rows: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """rows (N, in) -> (digits (2N, in) float32: N rows of h, then N rows of (u - h) * B; scales (N, 1) float32),
+    with u = rows / scales in [-D, D] (module doc: D = levels / 2 - 1, B = 2D, scale = max|row| / D), so that
+    rows ~ scales * (h + round((u - h) * B) / B). The second digits are left unrounded: the kernel rounds them to
+    its codes. An all-zero row gets scale float32's smallest normal number (its digits are then all 0)."""
+    scales = torch.linalg.vector_norm(rows, float("inf"), dim=1, keepdim=True, dtype=torch.float32)
+    scales = scales.div_(levels // 2 - 1).clamp_min_(torch.finfo(torch.float32).tiny)  # (N, 1)
+    u = rows / scales  # float32 (N, in)
+    h = torch.round(u)
+    return torch.cat([h, u.sub_(h).mul_(levels - 2)]), scales
+
+
 @functools.cache
 def one_row_kernels_usable() -> bool:
     """Whether the one-row kernels are exact at activation_levels() (a kernel that is not, even at 7 bits, is
@@ -216,7 +268,12 @@ class Int8Linear(nn.Module):
         self.register_buffer("scales_bf16", scales.to(torch.bfloat16), persistent=False)
         self.register_buffer("scales_f32", scales.float(), persistent=False)
         self._onednn_weight = None  # int8-dynamic: oneDNN's packed weight (an opaque mkldnn tensor, not a buffer)
-        self._fbgemm_weight = None  # int8-dynamic: FBGEMM's packed weight (an opaque object, not a buffer)
+        self._fbgemm_weight = None  # FBGEMM's packed weight (an opaque object, not a buffer); int8: without the bias
+        if mode == "int8" and weight_int8.device.type == "cpu" and digit_levels() is not None:
+            self.levels = digit_levels()
+            base = self.levels - 2
+            self._fbgemm_weight = _fbgemm_prepack(self.weight_int8, self.scales_f32,
+                                                  None if bias is None else bias.float() * (base / (base + 1)))
         if mode == "int8-dynamic":
             # sum_k q_nk per output channel (out,): the zero point's share of the integer product
             self.register_buffer("row_sums", weight_int8.sum(dim=1, dtype=torch.int32), persistent=False)
@@ -253,12 +310,38 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., in) -> (..., out) in x's dtype."""
-        if self._fbgemm_weight is not None and x.numel() == self.in_features and not torch.compiler.is_compiling():
-            # one token (a batch-1 decode step), first and with as little Python as can be, ~50 of them a token:
-            # FBGEMM quantizes the row (its min/max, 0 included, over 256 levels), multiplies, adds the bias
-            # (reduce_range True: 128 levels, where 256 saturate this CPU's kernel: activation_levels)
-            return torch.ops.quantized.linear_dynamic(x.float(), self._fbgemm_weight, self.levels < 256).to(x.dtype)
+        if self._fbgemm_weight is not None and not torch.compiler.is_compiling():
+            if self.mode == "int8":
+                return self._digits(x)
+            if x.numel() == self.in_features:
+                # one token (a batch-1 decode step), first and with as little Python as can be, ~50 of them a
+                # token: FBGEMM quantizes the row (its min/max, 0 included, over 256 levels), multiplies, adds the
+                # bias (reduce_range True: 128 levels, where 256 saturate this CPU's kernel: activation_levels)
+                return torch.ops.quantized.linear_dynamic(x.float(), self._fbgemm_weight, self.levels < 256).to(x.dtype)
         return self.run(x, one_row_kernels=not torch.compiler.is_compiling())
+
+    def _digits(self, x: torch.Tensor) -> torch.Tensor:
+        """Weight-only int8 on FBGEMM: each row of x as two int8 digits, both in one product (module doc). The
+        packed bias is b * B / (B + 1): the kernel adds it to both digits' products, and y = first + second / B."""
+        rows = x.reshape(-1, self.in_features)
+        digit_op, zero, base = getattr(torch.ops.quantized, DIGIT_KERNEL), self.levels // 2, self.levels - 2
+        if rows.shape[0] == 1:
+            # a decode step, ~50 of them a token, in as few ops as can be: the row's scale is the kernel's own,
+            # and its first digit goes in as s * h, which the kernel divides back to exactly h
+            scale = max(float(torch.linalg.vector_norm(rows, float("inf"))) / (zero - 1), torch.finfo(torch.float32).tiny)
+            row = rows.float()
+            coarse = torch.fake_quantize_per_tensor_affine(row, scale, 0, 1 - zero, zero - 1)  # s * h, (1, in)
+            first, second = digit_op(torch.cat([coarse, torch.sub(row, coarse).mul_(base)]), scale, zero,
+                                     self._fbgemm_weight)
+            y = torch.add(first, second, alpha=1.0 / base)  # (out,)
+        else:
+            # several rows (a prefill, a batch): one product of all their digits, each row scaled after
+            digits, scales = split_digits(rows, self.levels)  # (2N, in), (N, 1)
+            products = digit_op(digits, 1.0, zero, self._fbgemm_weight)  # (2N, out): W h + b', W l + b'
+            n = rows.shape[0]
+            y = torch.add(products[:n], products[n:], alpha=1.0 / base)  # W (h + l / B) + b
+            y = y.mul_(scales) if self.bias is None else y.sub_(self.bias).mul_(scales).add_(self.bias)
+        return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
     def run(self, x: torch.Tensor, one_row_kernels: bool) -> torch.Tensor:
         """forward without FBGEMM's fast path; one_row_kernels=False runs what compiled code runs (neither one-row
@@ -372,7 +455,9 @@ def quantize_int8(model: nn.Module, mode: str = "int8", lm_head: bool | None = N
             head_note = "LM head int8 (asked for)"
         if lm_head:
             model.lm_head = candidate  # a tied head's own int8 copy: tok_emb stays float
-    mode_text = MODE_TEXT[mode]
+    mode_text = MODE_TEXT["int8 digits" if mode == "int8" and digit_levels() is not None else mode]
+    if mode == "int8" and digit_levels() == 128:
+        mode_text = mode_text.replace("(16 bits)", "(14 bits: this CPU's int8 kernel saturates on 8-bit digits)")
     if mode == "int8-dynamic" and activation_levels() < 256:
         mode_text += f" on {activation_levels()} levels (this CPU's int8 kernels saturate on 256)"
     description = f"{mode} ({mode_text}; per-channel scales) in {len(targets)} block matmuls, {head_note}"

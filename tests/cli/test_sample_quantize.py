@@ -1,6 +1,6 @@
 """sample.py --quantize: the text is the quantized model's own greedy text, the tokens/s line names the
 quantization, an attention dump says its maps come from int8 weights (attn.npz's `quantized`, the explorer's
-header line), and what cannot run (another device, weight-only int8 without bfloat16, an unknown mode) is one
+header line), and what cannot run (another device, weight-only int8 in float16, an unknown mode) is one
 line and exit status 2 before the model is built."""
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ ckpt = test_sample_settings.ckpt  # its module-scoped random checkpoint, as a fi
     (["--device", "cuda", "--dtype", "bfloat16", "--quantize", "int8"],
      ["--quantize int8 runs on a CPU only", "--device cuda", "drop --quantize, or use --device cpu"]),
     (["--device", "mps", "--quantize", "int8-dynamic"], ["--quantize int8-dynamic runs on a CPU only", "--device cpu"]),
-    (["--quantize", "int8"], ["--quantize int8", "not --dtype float32", "add --dtype bfloat16"]),
+    (["--quantize", "int8", "--dtype", "float16"], ["--quantize int8", "not --dtype float16", "use --dtype float32"]),
     (["--quantize", "int4"], ["--quantize", "invalid choice", "'int4'"]),
 ])
 def test_what_cannot_run_quantized_is_one_line(ckpt, flags, fragments):
@@ -48,7 +48,7 @@ def test_a_device_resolved_to_a_gpu_is_refused_before_the_model_is_built(capsys,
     assert "runs on a CPU only" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("mode,dtype", [("int8", "bfloat16"), ("int8-dynamic", "float32")])
+@pytest.mark.parametrize("mode,dtype", [("int8", "bfloat16"), ("int8", "float32"), ("int8-dynamic", "float32")])
 def test_the_text_is_the_quantized_models_own_and_the_speed_line_says_so(capsys, ckpt, mode, dtype):
     out, err = run(capsys, ckpt, "--quantize", mode, "--dtype", dtype, "--temperature", "0")
     model, payload = load_model(ckpt)

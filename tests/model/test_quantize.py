@@ -19,8 +19,9 @@ from common.errors import UserError
 from model import GPT, ModelConfig
 import model.quantize as quantize_module
 from model.packed import PackedLinear, onednn_packs
-from model.quantize import (FBGEMM_SMALLEST_SCALE, Int8Linear, activation_levels, is_quantized, one_row_kernels_usable,
-                            quantization_of, quantize_int8, quantize_per_channel, quantize_rows)
+from model.quantize import (FBGEMM_SMALLEST_SCALE, Int8Linear, activation_levels, digit_levels, is_quantized,
+                            one_row_kernels_usable, quantization_of, quantize_int8, quantize_per_channel, quantize_rows,
+                            split_digits)
 
 
 def tiny_gpt(tie: bool = True, d_model: int = 32, **overrides) -> GPT:
@@ -175,6 +176,8 @@ def test_forward_equals_f_linear_on_the_dequantized_weight(mode, bias, shape):
         tolerance = 1e-5 * magnitude + 1e-5 if dtype == torch.float32 else 2 ** -7 * (magnitude + ref.abs().reshape(-1, 40))
         if mode == "int8-dynamic":
             tolerance = tolerance + dynamic_bound(x.float(), weight.float()).double()
+        elif layer._fbgemm_weight is not None:  # the activations as two int8 digits
+            tolerance = tolerance + digit_bound(x.reshape(-1, 32), weight, layer.levels)
         assert bool((err.abs() <= tolerance + 1e-6).all()), (mode, dtype, float(err.abs().max()))
 
 
@@ -329,3 +332,116 @@ def test_the_saturation_probe_counts_a_raising_kernel_as_inexact_and_no_kernel_a
     monkeypatch.setattr(quantize_module, "_fbgemm_prepack", lambda weight, scales, bias: None)
     monkeypatch.setattr(quantize_module, "_onednn_int8_available", lambda: False)
     assert quantize_module._one_row_kernels_exact(256)  # torch._int_mm alone: exact in int32, nothing saturates
+
+
+# --- weight-only int8 as two int8 digits per activation (FBGEMM) --------------------------------------------------
+
+def digit_bound(x: torch.Tensor, weight: torch.Tensor, levels: int) -> torch.Tensor:
+    """The most the two-digit activations can move an output, (N, out) for x (N, in): each entry within
+    max|row| / (2 B D) of x (D = levels / 2 - 1, B = 2D), times the weight row's magnitudes."""
+    top_digit = levels // 2 - 1
+    per_entry = x.double().abs().amax(dim=1, keepdim=True) / (2 * (2 * top_digit) * top_digit)  # (N, 1)
+    return per_entry * weight.double().abs().sum(dim=1)[None, :]
+
+
+@pytest.fixture
+def digits_at(monkeypatch):
+    """Stand in a machine whose digit kernel is exact only at the levels given (a CPU without VNNI: 128), the
+    cached decision measured again for it and once more afterwards."""
+    def set_exact(*exact_at):
+        if digit_levels() is None:
+            pytest.skip("this torch build has no FBGEMM digit kernel")
+        monkeypatch.setattr(quantize_module, "_digit_kernel_exact", lambda levels: levels in exact_at)
+        digit_levels.cache_clear()
+    yield set_exact
+    monkeypatch.undo()
+    digit_levels.cache_clear()
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 4), in_blocks=st.integers(1, 12), out_features=st.integers(1, 40), bias=st.booleans(),
+       bf16=st.booleans(), spread=st.floats(-6, 6), zero_row=st.booleans(), levels=st.sampled_from([256, 128]),
+       seed=st.integers(0, 2**16))
+def test_weight_only_int8_is_within_the_two_digit_bound_of_float64(rows, in_blocks, out_features, bias, bf16, spread,
+                                                                    zero_row, levels, seed):
+    """Any shape, one row (a decode step) or several (a prefill), float32 or bfloat16 rows of any magnitude, a
+    row of zeros, 8- or 7-bit digits: the output is float64's product of the same activations and the
+    dequantized weight, within the digits' bound (and the output dtype's rounding). One digit alone (max|row| /
+    254 per entry) is 127x the bound, so a dropped or misplaced second digit fails."""
+    if digit_levels() is None:
+        pytest.skip("this torch build has no FBGEMM digit kernel")
+    quantize_module._digit_kernel_exact, exact = (lambda n: n == levels), quantize_module._digit_kernel_exact
+    digit_levels.cache_clear()
+    try:
+        gen = torch.Generator().manual_seed(seed)
+        in_features = 16 * in_blocks
+        linear = nn.Linear(in_features, out_features, bias=bias)
+        with torch.no_grad():
+            linear.weight.copy_(torch.randn(out_features, in_features, generator=gen))
+            if bias:
+                linear.bias.copy_(torch.randn(out_features, generator=gen))
+        layer = Int8Linear.from_linear(linear, "int8")
+        assert layer._fbgemm_weight is not None and layer.levels == levels
+        x = torch.randn(rows, in_features, generator=gen) * 10.0 ** spread
+        x[:, 0] *= 50.0  # one entry well above the rest: the digits' scale is the row's largest
+        if zero_row:
+            x[0] = 0.0
+        x = x.to(torch.bfloat16 if bf16 else torch.float32)
+        with torch.inference_mode():
+            y = layer(x)
+        assert y.dtype == x.dtype and y.shape == (rows, out_features)
+        weight = layer.weight.double()
+        ref = F.linear(x.double(), weight, None if not bias else linear.bias.detach().double())
+        rounding = (2 ** -8 if bf16 else 2 ** -22) * ref.abs() + 1e-6 * (x.double().abs() @ weight.abs().T)
+        assert bool(((y.double() - ref).abs() <= digit_bound(x, weight, levels) + rounding + 1e-30).all())
+        if zero_row and not bias:
+            assert not bool(y[0].any())  # zeros in, zeros out
+    finally:
+        quantize_module._digit_kernel_exact = exact
+        digit_levels.cache_clear()
+
+
+def test_the_digits_rebuild_every_row_within_their_bound():
+    """split_digits on its own: h and the second digit on their codes, the row rebuilt from them within
+    max|row| / 64516 (8-bit digits), a zero row all zeros."""
+    x = torch.tensor([[0.0, 0.0, 0.0, 0.0], [-3.0, 0.001, 2.5, 1e-7], [1e-20, -3e-20, 2e-20, 0.0]])
+    digits, scales = split_digits(x, 256)
+    h, second = digits[:3], digits[3:]
+    assert torch.equal(h, h.round()) and float(h.abs().max()) == 127 and float(second.abs().max()) <= 127
+    rebuilt = scales.double() * (h.double() + second.round().double() / 254)
+    assert bool(((rebuilt - x.double()).abs() <= x.double().abs().amax(1, keepdim=True) / 64516 + 1e-45).all())
+    assert not bool(digits[0].any()) and not bool(digits[3].any())
+
+
+def test_digits_that_saturate_at_8_bits_get_7_and_none_exact_leave_the_digits_out(digits_at):
+    digits_at(128)
+    assert digit_levels() == 128
+    assert "14 bits" in quantize_int8(tiny_gpt(), "int8", lm_head=False)
+    digits_at()
+    assert digit_levels() is None
+    linear = nn.Linear(32, 8)
+    layer = Int8Linear.from_linear(linear, "int8")
+    assert layer._fbgemm_weight is None  # _weight_int8pack_mm (bfloat16) or F.linear takes every row
+    description = quantize_int8(tiny_gpt(), "int8", lm_head=False)
+    assert "bfloat16 activations" in description and "digits" not in description
+    x = torch.randn(2, 32, generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, linear.bias))
+
+
+def test_the_digit_probe_finds_this_kernel_exact_and_a_raising_one_not(monkeypatch):
+    """This machine's digit kernel at the levels measured for it gives the exact product on the worst case (every
+    digit at its top, every weight 127); a kernel that raises is not exact."""
+    if digit_levels() is None:
+        pytest.skip("this torch build has no FBGEMM digit kernel")
+    assert quantize_module._digit_kernel_exact(digit_levels())
+    linear, x = saturating_case(2)
+    layer = Int8Linear.from_linear(linear, "int8")
+    x = x * 0 + 1.0  # every entry the row's largest: every digit 127 (at 8 bits), the codes at 255
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(x).double(), F.linear(x.double(), layer.weight.double()), rtol=1e-6, atol=1e-6)
+
+    def raises(*args):
+        raise RuntimeError("this CPU lacks the instructions")
+    monkeypatch.setattr(torch.ops.quantized, quantize_module.DIGIT_KERNEL, raises, raising=False)
+    assert not quantize_module._digit_kernel_exact(256)

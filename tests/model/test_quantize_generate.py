@@ -14,7 +14,7 @@ from model.generate import generate
 from model.quantize import quantize_int8
 
 TEXT = [int(c) for c in "0123456789" * 20]  # a cycle of 10 tokens
-VARIANTS = [("int8", torch.bfloat16), ("int8-dynamic", torch.float32), ("int8-dynamic", torch.bfloat16)]
+VARIANTS = [("int8", torch.bfloat16), ("int8", torch.float32), ("int8-dynamic", torch.float32), ("int8-dynamic", torch.bfloat16)]
 
 
 @pytest.fixture(scope="module")
