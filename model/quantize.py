@@ -456,6 +456,10 @@ def quantize_int8(model: nn.Module, mode: str = "int8", lm_head: bool | None = N
         if lm_head:
             model.lm_head = candidate  # a tied head's own int8 copy: tok_emb stays float
     mode_text = MODE_TEXT["int8 digits" if mode == "int8" and digit_levels() is not None else mode]
+    if mode == "int8" and digit_levels() is None and model.tok_emb.weight.dtype != torch.bfloat16:
+        # no FBGEMM here: only a bfloat16 row has an int8 kernel (_weight_int8pack_mm)
+        mode_text = ("int8 weights dequantized at every matmul, slower than the float model: this torch has no "
+                     "FBGEMM, so only --dtype bfloat16 has an int8 kernel")
     if mode == "int8" and digit_levels() == 128:
         mode_text = mode_text.replace("(16 bits)", "(14 bits: this CPU's int8 kernel saturates on 8-bit digits)")
     if mode == "int8-dynamic" and activation_levels() < 256:

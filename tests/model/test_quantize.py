@@ -422,8 +422,9 @@ def test_digits_that_saturate_at_8_bits_get_7_and_none_exact_leave_the_digits_ou
     linear = nn.Linear(32, 8)
     layer = Int8Linear.from_linear(linear, "int8")
     assert layer._fbgemm_weight is None  # _weight_int8pack_mm (bfloat16) or F.linear takes every row
-    description = quantize_int8(tiny_gpt(), "int8", lm_head=False)
+    description = quantize_int8(tiny_gpt().to(torch.bfloat16), "int8", lm_head=False)
     assert "bfloat16 activations" in description and "digits" not in description
+    assert "only --dtype bfloat16 has an int8 kernel" in quantize_int8(tiny_gpt(), "int8", lm_head=False)
     x = torch.randn(2, 32, generator=torch.Generator().manual_seed(4))
     with torch.inference_mode():
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, linear.bias))
