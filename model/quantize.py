@@ -268,7 +268,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("scales_bf16", scales.to(torch.bfloat16), persistent=False)
         self.register_buffer("scales_f32", scales.float(), persistent=False)
         self._onednn_weight = None  # int8-dynamic: oneDNN's packed weight (an opaque mkldnn tensor, not a buffer)
-        self._fbgemm_weight = None  # FBGEMM's packed weight (an opaque object, not a buffer); int8: without the bias
+        self._fbgemm_weight = None  # FBGEMM's packed weight (an opaque object, not a buffer); int8: bias x B / (B + 1)
         if mode == "int8" and weight_int8.device.type == "cpu" and digit_levels() is not None:
             self.levels = digit_levels()
             base = self.levels - 2
