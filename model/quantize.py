@@ -161,9 +161,20 @@ def _fbgemm_prepack(weight_int8: torch.Tensor, scales: torch.Tensor, bias: torch
 
 
 DIGIT_KERNEL = "linear_with_input_q_dq_qweight_dq_output_fp32"  # FBGEMM's int8 product on codes we give it
+FLOAT32_TINY = torch.finfo(torch.float32).tiny  # an all-zero row's digit scale: its digits are then all 0
 
 
 PROBE_WIDTH = 64  # in_features of the saturation probe: 32 pairs of products, each pair 2 x 255 x 127 at worst
+
+
+def _probe_weight() -> torch.Tensor:
+    """The saturation probes' weight: every entry 127, (8, PROBE_WIDTH) int8."""
+    return torch.full((8, PROBE_WIDTH), INT8_MAX, dtype=torch.int8)
+
+
+def _sums_exactly(y: torch.Tensor, exact: float) -> bool:
+    """Whether a probe's every output is its exact sum (float32's rounding of the scales aside)."""
+    return bool(((y - exact).abs() <= 1e-4 * exact).all())
 
 
 def _one_row_kernels_exact(levels: int) -> bool:
@@ -172,7 +183,7 @@ def _one_row_kernels_exact(levels: int) -> bool:
     every weight 127. A kernel that raises on this CPU counts as not exact; with neither kernel there is
     nothing to saturate."""
     top = levels - 1
-    weight = torch.full((8, PROBE_WIDTH), INT8_MAX, dtype=torch.int8)
+    weight = _probe_weight()
     exact = float(PROBE_WIDTH * top * INT8_MAX)  # with unit scales and zero points 0
     try:
         fbgemm = _fbgemm_prepack(weight, torch.ones(8), None)
@@ -188,7 +199,7 @@ def _one_row_kernels_exact(levels: int) -> bool:
             return True
     except RuntimeError:
         return False
-    return bool(((y - exact).abs() <= 1e-4 * exact).all())
+    return _sums_exactly(y, exact)
 
 
 @functools.cache
@@ -204,7 +215,7 @@ def _digit_kernel_exact(levels: int) -> bool:
     worst case: every digit at its top (code levels - 1), every weight 127. False where this torch lacks FBGEMM
     or the op, or the op raises."""
     top_digit = levels // 2 - 1
-    weight = torch.full((8, PROBE_WIDTH), INT8_MAX, dtype=torch.int8)
+    weight = _probe_weight()
     packed = _fbgemm_prepack(weight, torch.ones(8), None)
     if packed is None or not hasattr(torch.ops.quantized, DIGIT_KERNEL):
         return False
@@ -214,7 +225,7 @@ def _digit_kernel_exact(levels: int) -> bool:
     except RuntimeError:
         return False
     exact = float(PROBE_WIDTH * top_digit * INT8_MAX)
-    return bool(((y - exact).abs() <= 1e-4 * exact).all())
+    return _sums_exactly(y, exact)
 
 
 @functools.cache
@@ -234,7 +245,7 @@ def split_digits(rows: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.T
     rows ~ scales * (h + round((u - h) * B) / B). The second digits are left unrounded: the kernel rounds them to
     its codes. An all-zero row gets scale float32's smallest normal number (its digits are then all 0)."""
     scales = torch.linalg.vector_norm(rows, float("inf"), dim=1, keepdim=True, dtype=torch.float32)
-    scales = scales.div_(levels // 2 - 1).clamp_min_(torch.finfo(torch.float32).tiny)  # (N, 1)
+    scales = scales.div_(levels // 2 - 1).clamp_min_(FLOAT32_TINY)  # (N, 1)
     u = rows / scales  # float32 (N, in)
     h = torch.round(u)
     return torch.cat([h, u.sub_(h).mul_(levels - 2)]), scales
@@ -271,6 +282,7 @@ class Int8Linear(nn.Module):
         self._fbgemm_weight = None  # FBGEMM's packed weight (an opaque object, not a buffer); int8: bias x B / (B + 1)
         if mode == "int8" and weight_int8.device.type == "cpu" and digit_levels() is not None:
             self.levels = digit_levels()
+            self._digit_op = getattr(torch.ops.quantized, DIGIT_KERNEL)  # looked up once, not at every call
             base = self.levels - 2
             self._fbgemm_weight = _fbgemm_prepack(self.weight_int8, self.scales_f32,
                                                   None if bias is None else bias.float() * (base / (base + 1)))
@@ -324,11 +336,11 @@ class Int8Linear(nn.Module):
         """Weight-only int8 on FBGEMM: each row of x as two int8 digits, both in one product (module doc). The
         packed bias is b * B / (B + 1): the kernel adds it to both digits' products, and y = first + second / B."""
         rows = x.reshape(-1, self.in_features)
-        digit_op, zero, base = getattr(torch.ops.quantized, DIGIT_KERNEL), self.levels // 2, self.levels - 2
+        digit_op, zero, base = self._digit_op, self.levels // 2, self.levels - 2
         if rows.shape[0] == 1:
             # a decode step, ~50 of them a token, in as few ops as can be: the row's scale is the kernel's own,
             # and its first digit goes in as s * h, which the kernel divides back to exactly h
-            scale = max(float(torch.linalg.vector_norm(rows, float("inf"))) / (zero - 1), torch.finfo(torch.float32).tiny)
+            scale = max(float(torch.linalg.vector_norm(rows, float("inf"))) / (zero - 1), FLOAT32_TINY)
             row = rows.float()
             coarse = torch.fake_quantize_per_tensor_affine(row, scale, 0, 1 - zero, zero - 1)  # s * h, (1, in)
             first, second = digit_op(torch.cat([coarse, torch.sub(row, coarse).mul_(base)]), scale, zero,
