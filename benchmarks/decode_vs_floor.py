@@ -11,11 +11,18 @@ between them (the prefill is not one); the first floor pass, a warm-up, is left 
 Per round (one generation): the median decode step, the median floor pass and their ratio (the share of a step
 its matmuls alone would take); then the medians over the rounds.
 
+Each round then generates once more with every matmul module swapped for a stand-in returning zeros of its output
+shape (NoMatmul, timing only): what is left of a step is the rest of it, the norms, attention over the cache, the
+cache writes, the sampling and every op's dispatch. The decode step less that rest is what the matmuls take inside
+a step, set against the floor pass (the same matmuls back to back): above 1, the matmuls run slower between the
+other ops than back to back, and the ops between them are not all that keeps a step from its floor.
+
     python benchmarks/decode_vs_floor.py [--shape gpt2-124m] [--dtype bfloat16] [--new-tokens 128] [--prompt 32]
         [--rounds 3] [--threads 2] [--no-save]
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 
@@ -49,6 +56,45 @@ def one_round(model: GPT, prompt: torch.Tensor, n_new: int) -> tuple[float, floa
     return statistics.median(steps), statistics.median(floors[1:])
 
 
+class NoMatmul(torch.nn.Module):
+    """Timing only: stands in for a matmul module of in_features -> out_features and returns zeros (..., out_features)
+    in its input's dtype, made once per shape, so that a decode step runs everything but its matmuls."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self._zeros: dict[tuple, torch.Tensor] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        key = (*x.shape[:-1], x.dtype)
+        if key not in self._zeros:
+            self._zeros[key] = x.new_zeros(*x.shape[:-1], self.out_features)
+        return self._zeros[key]
+
+
+@contextlib.contextmanager
+def matmuls_left_out(model: GPT):
+    """Every matmul module of `model` (GPT.matmul_slots, the LM head included) replaced by a NoMatmul for the
+    duration, then put back."""
+    kept = [(parent, attr, getattr(parent, attr)) for _, parent, attr in model.matmul_slots()]
+    try:
+        for parent, attr, module in kept:
+            setattr(parent, attr, NoMatmul(module.in_features, module.out_features))
+        yield
+    finally:
+        for parent, attr, module in kept:
+            setattr(parent, attr, module)
+
+
+def rest_of_step(model: GPT, prompt: torch.Tensor, n_new: int) -> float:
+    """The median decode step, seconds, of one generation of n_new tokens with the matmuls left out
+    (matmuls_left_out): token to token, the prefill not one of them."""
+    arrivals = []
+    with matmuls_left_out(model):
+        generate(model, prompt, n_new, temperature=0.0, on_token=lambda token: arrivals.append(time.perf_counter()))
+    return statistics.median(b - a for a, b in zip(arrivals, arrivals[1:]))
+
+
 def main() -> None:
     parser = ArgumentParser(prog="decode_vs_floor", description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="gpt2-124m", choices=sorted(SHAPES))
@@ -78,18 +124,26 @@ def main() -> None:
         rows = []
         for r in range(args.rounds):
             step_s, floor_s = one_round(model, prompt, args.new_tokens)
-            rows.append((step_s, floor_s))
+            rest_s = rest_of_step(model, prompt, args.new_tokens)
+            rows.append((step_s, floor_s, rest_s))
             print(f"  round {r + 1}: decode step {step_s * 1e3:.2f} ms, floor pass {floor_s * 1e3:.2f} ms, "
-                  f"ratio {floor_s / step_s:.3f}", flush=True)
-        ratios = [f / s for s, f in rows]
-        step_ms, floor_ms = (statistics.median(x) * 1e3 for x in zip(*rows))
+                  f"ratio {floor_s / step_s:.3f}; without its matmuls {rest_s * 1e3:.2f} ms", flush=True)
+
+        def cells(step_s: float, floor_s: float, rest_s: float, ratio: float, bold: str = "") -> str:
+            # the matmuls inside a step: the step less the rest of it, against the same matmuls back to back
+            return (f"{step_s * 1e3:.2f} | {floor_s * 1e3:.2f} | {bold}{ratio:.3f}{bold} | {rest_s * 1e3:.2f} | "
+                    f"{(step_s - rest_s) * 1e3:.2f} | {(step_s - rest_s) / floor_s:.2f}")
+        medians = [statistics.median(x) for x in zip(*rows)]
         lines = [f"- {args.shape} in {args.dtype}, batch 1, greedy, prompt {args.prompt}, {args.new_tokens} new "
                  f"tokens, KV cache in {str(cache).removeprefix('torch.')}; {packing}.",
                  "- decode step = token to token less the floor pass between them; floor pass = the model's matmul "
-                 "modules alone on one token (_limits.matmul_pass), timed after every token; medians per round.",
-                 "", "| round | decode step ms | floor pass ms | floor / step |", "|---:|---:|---:|---:|",
-                 *(f"| {i + 1} | {s * 1e3:.2f} | {f * 1e3:.2f} | {f / s:.3f} |" for i, (s, f) in enumerate(rows)),
-                 f"| median | {step_ms:.2f} | {floor_ms:.2f} | **{statistics.median(ratios):.3f}** |"]
+                 "modules alone on one token (_limits.matmul_pass), timed after every token; rest of a step = a "
+                 "decode step of the same generation with every matmul module returning zeros (NoMatmul); "
+                 "matmuls in a step = decode step - rest; medians per round.",
+                 "", "| round | decode step ms | floor pass ms | floor / step | rest of a step ms | matmuls in a step "
+                 "ms | in a step / floor |", "|---:|---:|---:|---:|---:|---:|---:|",
+                 *(f"| {i + 1} | {cells(s, f, rest, f / s)} |" for i, (s, f, rest) in enumerate(rows)),
+                 f"| median | {cells(*medians, statistics.median(f / s for s, f, _ in rows), bold='**')} |"]
         print("\n".join(lines))
         _report.save(args, "A decode step against the matmul floor, token by token", machine_line,
                      "decode_vs_floor.py", *lines)

@@ -30,11 +30,15 @@ def test_each_round_sets_its_floor_pass_against_its_decode_step_and_save_appends
             + f"]; runpy.run_path({str(SCRIPT)!r}, run_name='__main__')")
     done = run(["-c", code])
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = re.findall(r"^\| (\d+|median) \| ([\d.]+) \| ([\d.]+) \| \**([\d.]+)\** \|$", done.stdout, re.M)
+    number = r"([\d.]+)"
+    rows = re.findall(rf"^\| (\d+|median) \| {number} \| {number} \| \**{number}\** \| {number} \| (-?[\d.]+) \| "
+                      rf"(-?[\d.]+) \|$", done.stdout, re.M)
     assert [r[0] for r in rows] == ["1", "2", "median"]
-    for _, step, floor, ratio in rows[:2]:
-        assert float(step) > 0 and float(floor) > 0
+    for _, step, floor, ratio, rest, in_step, in_step_ratio in rows[:2]:
+        assert float(step) > 0 and float(floor) > 0 and float(rest) > 0
         assert abs(float(floor) / float(step) - float(ratio)) < 0.002 + 0.01 * float(ratio)
+        assert abs(float(step) - float(rest) - float(in_step)) <= 0.011  # the matmuls in a step: step less the rest
+        assert abs(float(in_step) / float(floor) - float(in_step_ratio)) <= 0.006 + 0.01 * abs(float(in_step_ratio))
     saved = results.read_text()
     assert saved.count("## A decode step against the matmul floor, token by token") == 1
     assert "- Command: `python benchmarks/decode_vs_floor.py" in saved and "| median |" in saved
@@ -56,6 +60,29 @@ def test_the_floor_pass_runs_once_per_token_on_the_models_own_matmul_modules():
     # the prefill (3 positions); a decode step after each of the 5 tokens (generate runs one for the last token
     # too, its logits unused) and a floor pass after each: every block matmul once in each
     assert calls.count(3) == per_pass and calls.count(1) == (5 + 5) * per_pass
+
+
+def test_the_rest_of_a_step_runs_no_matmul_module_and_puts_every_one_back():
+    """matmuls_left_out swaps every matmul slot (the LM head included) for zeros of its output shape and puts the
+    very modules back; a generation inside it calls none of them."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import decode_vs_floor
+    from model import GPT
+    model = GPT(decode_vs_floor.SHAPES["small"]).eval()
+    modules = [getattr(parent, attr) for _, parent, attr in model.matmul_slots()]
+    calls = []
+    for module in modules:
+        module.register_forward_hook(lambda module, args, out: calls.append(module))
+    x = torch.randn(1, 1, modules[-1].in_features)
+    with decode_vs_floor.matmuls_left_out(model):
+        stand_ins = [getattr(parent, attr) for _, parent, attr in model.matmul_slots()]
+        assert all(isinstance(m, decode_vs_floor.NoMatmul) for m in stand_ins)
+        out = stand_ins[-1](x)
+        assert out.shape == (1, 1, modules[-1].out_features) and not bool(out.any())
+    assert [getattr(parent, attr) for _, parent, attr in model.matmul_slots()] == modules
+    assert decode_vs_floor.rest_of_step(model, torch.zeros(1, 3, dtype=torch.long), 5) > 0
+    assert calls == []
+    assert [getattr(parent, attr) for _, parent, attr in model.matmul_slots()] == modules
 
 
 def test_bad_input_gets_one_line_and_exit_2():
