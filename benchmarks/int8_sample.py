@@ -17,11 +17,17 @@ machine (its config.yaml names it; nothing is prepared here).
     python benchmarks/int8_sample.py --ckpt runs/small [--new-tokens 128] [--prompt 32] [--rounds 3]
     python benchmarks/int8_sample.py --shape gpt2-124m [--threads 2] [--save]
     python benchmarks/int8_sample.py --shape gpt2-124m --kernels [--save]
+    python benchmarks/int8_sample.py --ckpt runs/small --through-sample-py [--rounds 5] [--save]
 
 --kernels times, instead, the matmul kernels alone at one row (1, d_model): every block matmul of the shape as a
 separate weight of its own, called in turn as a decode step calls them (so that they stream from memory, not
 from cache), and the LM head on its own; per kernel the median over --rounds interleaved rounds, and the
 weights' bytes read per second.
+
+--through-sample-py runs, instead, `python sample.py` as a user runs it (greedy, --new-tokens, its own tokens/s
+line; one process a run) on the same weights saved as float32: --dtype bfloat16, and --quantize int8 on float32
+and on bfloat16, and --quantize int8-dynamic, each once a round over --rounds interleaved rounds; per run the
+median tokens/s and its ratio to bfloat16's. sample.py decides the LM head itself (model/quantize.py: timed).
 
 --ckpt takes what sample.py's --ckpt takes (a run's out_dir, a checkpoint folder, a Hugging Face folder or hub
 id); --shape a random model of sample_vs_hf.py's SHAPES (gpt2, llama, gpt2-124m, small), seeded: its greedy
@@ -136,7 +142,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
     parser.add_argument("--val-batches", type=int, default=4, help="val batches for the loss (0: none)")
     parser.add_argument("--val-batch-size", type=int, default=4)
-    parser.add_argument("--kernels", action="store_true", help="time the matmul kernels alone at one row instead")
+    instead = parser.add_mutually_exclusive_group()
+    instead.add_argument("--kernels", action="store_true", help="time the matmul kernels alone at one row instead")
+    instead.add_argument("--through-sample-py", action="store_true",
+                         help="time sample.py as a user runs it (bfloat16, --quantize int8, int8-dynamic) instead")
     parser.add_argument("--save", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
     with user_errors_exit("int8_sample"):
@@ -155,6 +164,8 @@ def main() -> None:
         build, label, prepared, val_note = model_source(args)
         if args.kernels:
             return kernel_report(build, label, args)
+        if args.through_sample_py:
+            return sample_py_report(build, label, args)
         rows = run_variants(build, prepared, args, agree)
         machine_line = int8_machine_line()
         notes = [f"{label}; prompt {args.prompt} random tokens, {args.new_tokens} new, greedy, batch 1, KV cache; "
@@ -235,6 +246,36 @@ def kernel_report(build, label: str, args: argparse.Namespace) -> None:
     if args.save:
         _report.save(argparse.Namespace(no_save=False), "Int8 matmul kernels at one row", machine_line,
                      "int8_sample.py", *[f"- {n}" for n in notes], "", *table, "")
+
+
+SAMPLE_PY_RUNS = {"bfloat16": ["--dtype", "bfloat16"],  # name -> sample.py's flags (--through-sample-py)
+                  "int8/float32": ["--dtype", "float32", "--quantize", "int8"],
+                  "int8/bfloat16": ["--dtype", "bfloat16", "--quantize", "int8"],
+                  "int8-dynamic/float32": ["--dtype", "float32", "--quantize", "int8-dynamic"]}
+
+
+def sample_py_report(build, label: str, args: argparse.Namespace) -> None:
+    """--through-sample-py: sample.py's own tokens/s for each of SAMPLE_PY_RUNS (module doc)."""
+    from sample_vs_hf import sample_py_rates
+    model = build(torch.float32)
+    prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(1))
+    def progress(so_far: dict[str, list[float]]) -> None:
+        print("  round: " + ", ".join(f"{name} {values[-1]:.1f}" for name, values in so_far.items()) + " tok/s",
+              flush=True)
+    rates = sample_py_rates(model, prompt, args.new_tokens, SAMPLE_PY_RUNS, args.rounds, after_each=progress)
+    median = {name: statistics.median(values) for name, values in rates.items()}
+    machine_line = int8_machine_line()
+    note = (f"{label}, saved as float32; `python sample.py --temperature 0 --max-new-tokens {args.new_tokens}` on a "
+            f"{args.prompt}-token prompt, its own tokens/s line, one process a run, median of {args.rounds} "
+            f"interleaved rounds")
+    table = ["| sample.py flags | tokens/s | vs bfloat16 | each round |", "|---|---:|---:|---|",
+             *(f"| `{' '.join(SAMPLE_PY_RUNS[name])}` | {median[name]:.1f} | "
+               f"{median[name] / median['bfloat16']:.2f}x | {', '.join(f'{v:.1f}' for v in rates[name])} |"
+               for name in SAMPLE_PY_RUNS)]
+    print("\n".join([machine_line, "", note, "", *table]))
+    if args.save:
+        _report.save(argparse.Namespace(no_save=False), "Int8 decoding through sample.py", machine_line,
+                     "int8_sample.py", f"- {note}", "", *table, "")
 
 
 def run_variants(build, prepared, args: argparse.Namespace, agree: int) -> list[dict]:

@@ -110,30 +110,35 @@ def runner(name: str, ours: GPT, theirs: torch.nn.Module, prompt: torch.Tensor, 
 CLI_RATE = re.compile(r"\[(\d+) tokens x 1 in [0-9.]+s: ([0-9.]+) tokens/s")  # sample.py's speed line
 
 
-def sample_py_rates(ours: GPT, prompt: torch.Tensor, n_new: int, dtype: torch.dtype, rounds: int,
-                    after_each: Callable[[], object] = lambda: None) -> list[float]:
+def sample_py_rates(ours: GPT, prompt: torch.Tensor, n_new: int, runs: dict[str, list[str]], rounds: int,
+                    after_each: Callable[[dict[str, list[float]]], object] = lambda rates: None
+                    ) -> dict[str, list[float]]:
     """tokens/s of `python sample.py` as a user runs it on these weights (greedy, its own speed line), one
-    process per round, `after_each` called after each: the model saved to a temporary folder with a tokenizer of its
-    vocabulary (GPT-2's BPE for 50304 tokens, else characters), the prompt the text of the prompt's ids."""
+    process per run: `runs` names each run's own sample.py flags (--dtype, --quantize), and every round runs
+    each once, in turn (one later each round), `after_each` called after each round with the rates so far. The
+    model is saved to a temporary folder with a tokenizer of its vocabulary (GPT-2's BPE for 50304 tokens, else
+    characters), the prompt the text of the prompt's ids. Returns {run name: tokens/s of each round}."""
     from data.tokenizer import CharTokenizer, TiktokenTokenizer
     from pretrained.checkpoint import save_model
     vocab = ours.config.vocab_size
     tokenizer = TiktokenTokenizer("gpt2") if vocab >= 50257 else CharTokenizer("".join(chr(33 + i) for i in range(vocab)))
     text = tokenizer.decode([int(t) % min(vocab, 50257) for t in prompt[0].tolist()])
-    rates = []
+    rates: dict[str, list[float]] = {name: [] for name in runs}
+    names = list(runs)
     with tempfile.TemporaryDirectory() as folder:
         save_model(ours, folder, extra={"tokenizer": tokenizer.to_json()})
-        for _ in range(rounds):
-            done = subprocess.run([sys.executable, str(_report.REPO / "sample.py"), "--ckpt", folder, "--prompt", text,
-                                   "--temperature", "0", "--max-new-tokens", str(n_new), "--dtype",
-                                   str(dtype).removeprefix("torch."), "--device", "cpu"],
-                                  capture_output=True, text=True, cwd=_report.REPO,
-                                  env={**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())})
-            found = CLI_RATE.search(done.stderr)
-            if done.returncode != 0 or found is None:
-                raise UserError(f"sample.py failed (exit {done.returncode}): {done.stderr.strip()[-400:]}")
-            rates.append(float(found.group(2)))
-            after_each()
+        for r in range(rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                done = subprocess.run([sys.executable, str(_report.REPO / "sample.py"), "--ckpt", folder, "--prompt",
+                                       text, "--temperature", "0", "--max-new-tokens", str(n_new), "--device", "cpu",
+                                       *runs[name]],
+                                      capture_output=True, text=True, cwd=_report.REPO,
+                                      env={**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())})
+                found = CLI_RATE.search(done.stderr)
+                if done.returncode != 0 or found is None:
+                    raise UserError(f"sample.py failed (exit {done.returncode}): {done.stderr.strip()[-400:]}")
+                rates[name].append(float(found.group(2)))
+            after_each(rates)
     return rates
 
 
@@ -193,9 +198,9 @@ def measure(shape: str, n_new: int, args: argparse.Namespace, device: torch.devi
     cli_rate = cli_floor_s = None
     if args.through_sample_py and device.type == "cpu":
         cli_floors: list[float] = []
-        rates = sample_py_rates(ours, prompt, n_new, dtype, args.rounds,
-                                after_each=lambda: cli_floors.append(_limits.matmul_floor_seconds(ours)))
-        cli_rate = statistics.median(rates)
+        rates = sample_py_rates(ours, prompt, n_new, {"cli": ["--dtype", str(dtype).removeprefix("torch.")]},
+                                args.rounds, after_each=lambda _: cli_floors.append(_limits.matmul_floor_seconds(ours)))
+        cli_rate = statistics.median(rates["cli"])
         cli_floor_s = statistics.median(cli_floors)
     return Measured(shape, n_new, rate, agreement, compile_s, mean_context, bytes_per_token, statistics.median(floors),
                     linear_floor_s, pack_note, cli_rate, cli_floor_s)

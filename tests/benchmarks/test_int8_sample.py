@@ -76,3 +76,21 @@ def test_kernels_times_each_kernel_over_the_blocks_and_the_head():
     assert {"bfloat16 F.linear", "int8 (_weight_int8pack_mm)", "int8-dynamic (one-row kernel)"} <= set(rows)
     assert all(float(cell) > 0 for row in rows.values() for cell in row)  # ms and GB/s, blocks and head
     assert "12 block matmuls" in done.stdout  # small's 3 layers x 4, each timed
+
+
+def test_through_sample_py_runs_each_set_of_flags_once_a_round():
+    """--through-sample-py: one row per set of sample.py flags, bfloat16 first, each row's rounds its own processes'
+    tokens/s lines, the median and the ratio to bfloat16's made from them."""
+    done = bench("--shape", "small", "--through-sample-py", "--prompt", "4", "--new-tokens", "3", "--rounds", "2",
+                 "--threads", "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = table_rows(done.stdout)
+    assert list(rows) == ["`--dtype bfloat16`", "`--dtype float32 --quantize int8`",
+                          "`--dtype bfloat16 --quantize int8`", "`--dtype float32 --quantize int8-dynamic`"]
+    bf16 = float(rows["`--dtype bfloat16`"][0])
+    for rate, ratio, rounds in rows.values():
+        values = [float(v) for v in rounds.split(", ")]
+        assert len(values) == 2 and all(v > 0 for v in values)
+        assert abs(float(rate) - (values[0] + values[1]) / 2) <= 0.051  # the median of two
+        assert abs(float(ratio.rstrip("x")) - float(rate) / bf16) <= 0.006
+    assert done.stdout.count("  round: ") == 2
