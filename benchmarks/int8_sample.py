@@ -259,6 +259,7 @@ def sample_py_report(build, label: str, args: argparse.Namespace) -> None:
     from sample_vs_hf import sample_py_rates
     model = build(torch.float32)
     prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(1))
+
     def progress(so_far: dict[str, list[float]]) -> None:
         print("  round: " + ", ".join(f"{name} {values[-1]:.1f}" for name, values in so_far.items()) + " tok/s",
               flush=True)

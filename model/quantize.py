@@ -343,7 +343,7 @@ class Int8Linear(nn.Module):
             # a decode step, ~50 of them a token, in as few ops as can be (each op ~2-5 us here, the product
             # ~60): the row's scale is the kernel's own, its first digit goes in as s * h, which the kernel
             # divides back to exactly h, and one (1, 2) x (2, out) product sums the digits' outputs
-            low, high = torch.aminmax(rows)  # max|row| in one op and two reads, not an abs and a max
+            low, high = torch.aminmax(rows)  # max|row| = max(-min, max): one reduction, faster here than the inf-norm
             scale = max(-float(low), float(high), 0.0) / (zero - 1) or FLOAT32_TINY
             row = rows.float()
             coarse = torch.fake_quantize_per_tensor_affine(row, scale, 0, 1 - zero, zero - 1)  # s * h, (1, in)
