@@ -137,6 +137,12 @@ def sample_py_rates(ours: GPT, prompt: torch.Tensor, n_new: int, runs: dict[str,
                 found = CLI_RATE.search(done.stderr)
                 if done.returncode != 0 or found is None:
                     raise UserError(f"sample.py failed (exit {done.returncode}): {done.stderr.strip()[-400:]}")
+                speed_line = done.stderr[found.start():].split("\n", 1)[0]
+                flags = runs[name]
+                quantize = flags[flags.index("--quantize") + 1] if "--quantize" in flags else None
+                if quantize is not None and f", --quantize {quantize}," not in speed_line:
+                    # the speed line names what ran: a run that is not what was asked measures nothing
+                    raise UserError(f"sample.py {' '.join(flags)} did not say it quantized: {speed_line}")
                 rates[name].append(float(found.group(2)))
             after_each(rates)
     return rates
