@@ -338,7 +338,7 @@ class Int8Linear(nn.Module):
         """Weight-only int8 on FBGEMM: each row of x as two int8 digits, both in one product (module doc). The
         packed bias is b * B / (B + 1): the kernel adds it to both digits' products, and y = first + second / B."""
         rows = x.reshape(-1, self.in_features)
-        digit_op, zero, base = self._digit_op, self.levels // 2, self.levels - 2
+        digit_op, zero = self._digit_op, self.levels // 2
         if rows.shape[0] == 1:
             # a decode step, ~50 of them a token, in as few ops as can be (each op ~2-5 us here, the product
             # ~60): the row's scale is the kernel's own, its first digit goes in as s * h, which the kernel
@@ -355,7 +355,7 @@ class Int8Linear(nn.Module):
             digits, scales = split_digits(rows, self.levels)  # (2N, in), (N, 1)
             products = digit_op(digits, 1.0, zero, self._fbgemm_weight)  # (2N, out): W h + b', W l + b'
             n = rows.shape[0]
-            y = torch.add(products[:n], products[n:], alpha=1.0 / base)  # W (h + l / B) + b
+            y = torch.add(products[:n], products[n:], alpha=1.0 / (self.levels - 2))  # W (h + l / B) + b
             y = y.mul_(scales) if self.bias is None else y.sub_(self.bias).mul_(scales).add_(self.bias)
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
@@ -471,14 +471,17 @@ def quantize_int8(model: nn.Module, mode: str = "int8", lm_head: bool | None = N
             head_note = "LM head int8 (asked for)"
         if lm_head:
             model.lm_head = candidate  # a tied head's own int8 copy: tok_emb stays float
-    mode_text = MODE_TEXT["int8 digits" if mode == "int8" and digit_levels() is not None else mode]
-    if mode == "int8" and digit_levels() is None and model.tok_emb.weight.dtype != torch.bfloat16:
+    mode_text = MODE_TEXT[mode]
+    if mode == "int8" and digit_levels() == 256:
+        mode_text = MODE_TEXT["int8 digits"]
+    elif mode == "int8" and digit_levels() == 128:
+        mode_text = MODE_TEXT["int8 digits"].replace("(16 bits)",
+                                                     "(14 bits: this CPU's int8 kernel saturates on 8-bit digits)")
+    elif mode == "int8" and model.tok_emb.weight.dtype != torch.bfloat16:
         # no FBGEMM here: only a bfloat16 row has an int8 kernel (_weight_int8pack_mm)
         mode_text = ("int8 weights dequantized at every matmul, slower than the float model: this torch has no "
                      "FBGEMM, so only --dtype bfloat16 has an int8 kernel")
-    if mode == "int8" and digit_levels() == 128:
-        mode_text = mode_text.replace("(16 bits)", "(14 bits: this CPU's int8 kernel saturates on 8-bit digits)")
-    if mode == "int8-dynamic" and activation_levels() < 256:
+    elif mode == "int8-dynamic" and activation_levels() < 256:
         mode_text += f" on {activation_levels()} levels (this CPU's int8 kernels saturate on 256)"
     description = f"{mode} ({mode_text}; per-channel scales) in {len(targets)} block matmuls, {head_note}"
     model.__dict__["_quantization"] = description
