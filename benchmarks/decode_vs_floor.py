@@ -1,4 +1,4 @@
-"""A decode step against the matmul floor, token by token: how much of each step is not its matmuls.
+"""A decode step against the matmul floor, token by token: how much of each step is not its matmuls, and where.
 
 model.generate.generate decodes random weights of one of sample_vs_hf.py's SHAPES in --dtype on the CPU, batch 1,
 greedy, with the matmul weights as sample.py leaves them (model.packed.pack_linears, timed). After every drawn
@@ -8,14 +8,20 @@ alternate one for one: a slow spell of a shared machine falls on both, and their
 speeds drift by 20-30% between minutes. A decode step is the time from one token to the next less the floor pass
 between them (the prefill is not one); the first floor pass, a warm-up, is left out.
 
-Per round (one generation): the median decode step, the median floor pass and their ratio (the share of a step
-its matmuls alone would take); then the medians over the rounds.
+Each round then generates twice more with every matmul call timed where it is made (matmul_calls_timed: each
+block matmul module's forward and GPT.logits, the head as decode runs it, record when they start and end):
+  - as it is: the matmuls' own time inside a step, set against the floor pass (the same matmuls back to back),
+    and the time between them, split by the matmul each stretch follows (after attn.qkv_proj: attention over
+    the cache and its writes; after lm_head: the sampling, the next token's embedding and the Python around
+    them, up to the first block's first matmul);
+  - with every matmul module swapped for a stand-in returning zeros of its output shape (NoMatmul, timing
+    only): the same ops between, with nothing streaming weights through the caches between them.
+Where the ops between take longer inside a real step than with the matmuls left out, they pay for what the
+matmuls' weights evicted from the caches (their data, their code, the Python objects they touch), not for work
+of their own: a stretch of a few hundred small ops, warm, can take several times as long after a matmul has
+streamed megabytes through the core's cache.
 
-Each round then generates once more with every matmul module swapped for a stand-in returning zeros of its output
-shape (NoMatmul, timing only): what is left of a step is the rest of it, the norms, attention over the cache, the
-cache writes, the sampling and every op's dispatch. The decode step less that rest is what the matmuls take inside
-a step, set against the floor pass (the same matmuls back to back): above 1, the matmuls run slower between the
-other ops than back to back, and the ops between them are not all that keeps a step from its floor.
+Per round: the medians over its decode steps; then the medians over the rounds.
 
     python benchmarks/decode_vs_floor.py [--shape gpt2-124m] [--dtype bfloat16] [--new-tokens 128] [--prompt 32]
         [--rounds 3] [--threads 2] [--no-save]
@@ -23,6 +29,7 @@ other ops than back to back, and the ops between them are not all that keeps a s
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import statistics
 import time
 
@@ -86,13 +93,79 @@ def matmuls_left_out(model: GPT):
             setattr(parent, attr, module)
 
 
-def rest_of_step(model: GPT, prompt: torch.Tensor, n_new: int) -> float:
-    """The median decode step, seconds, of one generation of n_new tokens with the matmuls left out
-    (matmuls_left_out): token to token, the prefill not one of them."""
-    arrivals = []
-    with matmuls_left_out(model):
-        generate(model, prompt, n_new, temperature=0.0, on_token=lambda token: arrivals.append(time.perf_counter()))
-    return statistics.median(b - a for a, b in zip(arrivals, arrivals[1:]))
+Mark = tuple[int, float, float]  # (matmul slot index in GPT.matmul_slots order, start, end) of one call
+
+
+@contextlib.contextmanager
+def matmul_calls_timed(model: GPT, marks: list[Mark]):
+    """For the duration, every call of a matmul slot appends (slot index, start, end) to `marks`: each block
+    matmul module through its forward, the LM head through GPT.logits (the head as decode runs it: on a CPU a
+    product with a column-major copy of its weight, not its module). The methods are shadowed on the instances,
+    so the modules keep their types (what GPT.head_is_linear and model/packed.py look at); put back after."""
+    slots = model.matmul_slots()
+    owners = [(getattr(parent, attr), "forward") for _, parent, attr in slots[:-1]] + [(model, "logits")]
+    shadowed = [(owner, name, owner.__dict__.get(name)) for owner, name in owners]
+    try:
+        for index, (owner, name) in enumerate(owners):
+            call = getattr(owner, name)
+
+            def timed(*args, _call=call, _index=index, **kwargs):
+                start = time.perf_counter()
+                out = _call(*args, **kwargs)
+                marks.append((_index, start, time.perf_counter()))
+                return out
+            owner.__dict__[name] = timed
+        yield
+    finally:
+        for owner, name, before in shadowed:
+            if before is None:
+                owner.__dict__.pop(name, None)
+            else:
+                owner.__dict__[name] = before
+
+
+def slot_kinds(model: GPT) -> list[str]:
+    """Per matmul slot, what it is within its block (attn.qkv_proj, ..., model.gpt.BLOCK_MATMULS), or lm_head."""
+    return [name.split(".", 2)[2] if name.startswith("blocks.") else name for name, _, _ in model.matmul_slots()]
+
+
+@dataclasses.dataclass
+class StepSplit:
+    """One decode step taken apart, seconds (medians over a generation's steps)."""
+    step: float  # from a step's first matmul call to the next step's
+    matmuls: float  # the matmul calls' own time, summed
+    between: dict[str, float]  # per slot kind: the time from the end of such a call to the start of the next one
+
+
+def split_steps(marks: list[Mark], kinds: list[str]) -> StepSplit:
+    """marks of one generation (the prefill's calls first, then each decode step's, len(kinds) calls each) ->
+    the medians over its decode steps, each step from its first call to the next step's first call, so the
+    stretch after the LM head (sampling, the next token's embedding) is its last."""
+    per_step = len(kinds)
+    steps = [marks[i:i + per_step] for i in range(per_step, len(marks) - per_step + 1, per_step)]
+    if len(steps) < 2 or any([index for index, _, _ in s] != list(range(per_step)) for s in steps):
+        raise ValueError(f"expected the prefill's and then whole decode steps of {per_step} matmul calls each in "
+                         f"slot order, got {len(marks)} calls")
+    totals, matmuls, between = [], [], {kind: [] for kind in dict.fromkeys(kinds)}
+    for this, after in zip(steps, steps[1:]):
+        totals.append(after[0][1] - this[0][1])
+        matmuls.append(sum(end - start for _, start, end in this))
+        stretch = {kind: 0.0 for kind in between}
+        for (index, _, end), (_, next_start, _) in zip(this, [*this[1:], after[0]]):
+            stretch[kinds[index]] += next_start - end
+        for kind, seconds in stretch.items():
+            between[kind].append(seconds)
+    return StepSplit(statistics.median(totals), statistics.median(matmuls),
+                     {kind: statistics.median(v) for kind, v in between.items()})
+
+
+def timed_generation(model: GPT, prompt: torch.Tensor, n_new: int) -> StepSplit:
+    """One generation of n_new tokens after `prompt` with every matmul call timed (matmul_calls_timed), taken
+    apart step by step (split_steps)."""
+    marks: list[Mark] = []
+    with matmul_calls_timed(model, marks):
+        generate(model, prompt, n_new, temperature=0.0)
+    return split_steps(marks, slot_kinds(model))
 
 
 def main() -> None:
@@ -121,29 +194,46 @@ def main() -> None:
         packing = pack_linears(model) or "matmul weights left to F.linear (no oneDNN)"
         prompt = torch.randint(0, config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(1))
         cache = decode_cache_dtype(model, 1, args.prompt + args.new_tokens)
-        rows = []
+        rows = []  # per round: (decode step, floor pass, StepSplit as it is, StepSplit with the matmuls left out)
         for r in range(args.rounds):
             step_s, floor_s = one_round(model, prompt, args.new_tokens)
-            rest_s = rest_of_step(model, prompt, args.new_tokens)
-            rows.append((step_s, floor_s, rest_s))
+            real = timed_generation(model, prompt, args.new_tokens)
+            with matmuls_left_out(model):
+                left_out = timed_generation(model, prompt, args.new_tokens)
+            rows.append((step_s, floor_s, real, left_out))
             print(f"  round {r + 1}: decode step {step_s * 1e3:.2f} ms, floor pass {floor_s * 1e3:.2f} ms, "
-                  f"ratio {floor_s / step_s:.3f}; without its matmuls {rest_s * 1e3:.2f} ms", flush=True)
+                  f"ratio {floor_s / step_s:.3f}; matmuls timed in a step {real.matmuls * 1e3:.2f} ms, between "
+                  f"them {(real.step - real.matmuls) * 1e3:.2f} ms, {(left_out.step - left_out.matmuls) * 1e3:.2f} "
+                  f"with the matmuls left out", flush=True)
 
-        def cells(step_s: float, floor_s: float, rest_s: float, ratio: float, bold: str = "") -> str:
-            # the matmuls inside a step: the step less the rest of it, against the same matmuls back to back
-            return (f"{step_s * 1e3:.2f} | {floor_s * 1e3:.2f} | {bold}{ratio:.3f}{bold} | {rest_s * 1e3:.2f} | "
-                    f"{(step_s - rest_s) * 1e3:.2f} | {(step_s - rest_s) / floor_s:.2f}")
-        medians = [statistics.median(x) for x in zip(*rows)]
+        def cells(step_s: float, floor_s: float, matmuls_s: float, between_s: float, left_out_s: float,
+                  bold: str = "") -> str:
+            return (f"{step_s * 1e3:.2f} | {floor_s * 1e3:.2f} | {bold}{floor_s / step_s:.3f}{bold} | "
+                    f"{matmuls_s * 1e3:.2f} | {matmuls_s / floor_s:.2f} | {between_s * 1e3:.2f} | "
+                    f"{left_out_s * 1e3:.2f} | {bold}{between_s / left_out_s:.2f}{bold}")
+        numbers = [(s, f, real.matmuls, real.step - real.matmuls, left.step - left.matmuls)
+                   for s, f, real, left in rows]
+        medians = [statistics.median(x) for x in zip(*numbers)]
+        kinds = list(rows[0][2].between)
+        stretches = [(kind, statistics.median(real.between[kind] for *_, real, _ in rows),
+                      statistics.median(left.between[kind] for *_, left in rows)) for kind in kinds]
         lines = [f"- {args.shape} in {args.dtype}, batch 1, greedy, prompt {args.prompt}, {args.new_tokens} new "
                  f"tokens, KV cache in {str(cache).removeprefix('torch.')}; {packing}.",
                  "- decode step = token to token less the floor pass between them; floor pass = the model's matmul "
-                 "modules alone on one token (_limits.matmul_pass), timed after every token; rest of a step = a "
-                 "decode step of the same generation with every matmul module returning zeros (NoMatmul); "
-                 "matmuls in a step = decode step - rest; medians per round.",
-                 "", "| round | decode step ms | floor pass ms | floor / step | rest of a step ms | matmuls in a step "
-                 "ms | in a step / floor |", "|---:|---:|---:|---:|---:|---:|---:|",
-                 *(f"| {i + 1} | {cells(s, f, rest, f / s)} |" for i, (s, f, rest) in enumerate(rows)),
-                 f"| median | {cells(*medians, statistics.median(f / s for s, f, _ in rows), bold='**')} |"]
+                 "modules alone on one token (_limits.matmul_pass), timed after every token; matmuls in a step = "
+                 "the matmul calls' own time in a generation with each call timed where it is made "
+                 "(matmul_calls_timed); between = that generation's step less its matmuls; left out = the same "
+                 "with every matmul module returning zeros (NoMatmul); medians per round.",
+                 "", "| round | decode step ms | floor pass ms | floor / step | matmuls in a step ms | in a step / "
+                 "floor | between the matmuls ms | between, matmuls left out ms | between / left out |",
+                 "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+                 *(f"| {i + 1} | {cells(*n)} |" for i, n in enumerate(numbers)),
+                 f"| median | {cells(*medians, bold='**')} |",
+                 "", "Between the matmuls, by the matmul each stretch follows (a step's stretches after all the "
+                 "layers' calls of that kind, summed; medians over the rounds):",
+                 "", "| after | in a step ms | matmuls left out ms | in a step / left out |", "|---|---:|---:|---:|",
+                 *(f"| {kind} | {real_s * 1e3:.3f} | {left_s * 1e3:.3f} | {real_s / left_s:.2f} |"
+                   for kind, real_s, left_s in stretches)]
         print("\n".join(lines))
         _report.save(args, "A decode step against the matmul floor, token by token", machine_line,
                      "decode_vs_floor.py", *lines)
