@@ -23,8 +23,11 @@ streamed megabytes through the core's cache.
 
 Per round: the medians over its decode steps; then the medians over the rounds.
 
-    python benchmarks/decode_vs_floor.py [--shape gpt2-124m] [--dtype bfloat16] [--new-tokens 128] [--prompt 32]
-        [--rounds 3] [--threads 2] [--no-save]
+With --quantize the model is quantized first, as sample.py does it: its matmul modules are then Int8Linear, whose
+calls include each token's activation digits (model/quantize.py), in the floor pass and in a step alike.
+
+    python benchmarks/decode_vs_floor.py [--shape gpt2-124m] [--dtype bfloat16] [--quantize int8] [--new-tokens 128]
+        [--prompt 32] [--rounds 3] [--threads 2] [--no-save]
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ from common.errors import ArgumentParser, UserError, user_errors_exit
 from model import GPT
 from model.generate import decode_cache_dtype, generate
 from model.packed import pack_linears
+from model.quantize import QUANTIZE_MODES, quantize_int8
 from sample_vs_hf import SHAPES
 
 
@@ -172,6 +176,8 @@ def main() -> None:
     parser = ArgumentParser(prog="decode_vs_floor", description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="gpt2-124m", choices=sorted(SHAPES))
     parser.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
+    parser.add_argument("--quantize", choices=QUANTIZE_MODES, default=None,
+                        help="quantize the model first, as sample.py --quantize does (the LM head by measurement)")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--prompt", type=int, default=32, help="prompt tokens")
     parser.add_argument("--rounds", type=int, default=3, help="generations (medians over them reported)")
@@ -191,7 +197,8 @@ def main() -> None:
         print(machine_line, flush=True)
         torch.manual_seed(0)
         model = GPT(config).eval().to(dtype)
-        packing = pack_linears(model) or "matmul weights left to F.linear (no oneDNN)"
+        quantized = f"{quantize_int8(model, args.quantize)}; " if args.quantize else ""
+        packing = quantized + (pack_linears(model) or "matmul weights left to F.linear (no oneDNN)")
         prompt = torch.randint(0, config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(1))
         cache = decode_cache_dtype(model, 1, args.prompt + args.new_tokens)
         rows = []  # per round: (decode step, floor pass, StepSplit as it is, StepSplit with the matmuls left out)
@@ -217,7 +224,7 @@ def main() -> None:
         kinds = list(rows[0][2].between)
         stretches = [(kind, statistics.median(real.between[kind] for *_, real, _ in rows),
                       statistics.median(left.between[kind] for *_, left in rows)) for kind in kinds]
-        lines = [f"- {args.shape} in {args.dtype}, batch 1, greedy, prompt {args.prompt}, {args.new_tokens} new "
+        lines = [f"- {args.shape} in {args.dtype}{f', --quantize {args.quantize}' if args.quantize else ''}, batch 1, greedy, prompt {args.prompt}, {args.new_tokens} new "
                  f"tokens, KV cache in {str(cache).removeprefix('torch.')}; {packing}.",
                  "- decode step = token to token less the floor pass between them; floor pass = the model's matmul "
                  "modules alone on one token (_limits.matmul_pass), timed after every token; matmuls in a step = "

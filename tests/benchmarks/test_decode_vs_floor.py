@@ -14,6 +14,10 @@ from tests.helpers import REPO
 
 SCRIPT = REPO / "benchmarks" / "decode_vs_floor.py"
 QUICK = ["--shape", "small", "--prompt", "3", "--new-tokens", "6", "--threads", "1"]
+sys.path.insert(0, str(SCRIPT.parent))
+from sample_vs_hf import SHAPES  # noqa: E402  (benchmarks/ on the path first)
+
+SHAPES_SMALL_LAYERS = SHAPES["small"].n_layer
 
 
 def run(python_args: list[str]) -> subprocess.CompletedProcess:
@@ -49,6 +53,16 @@ def test_each_round_sets_its_floor_pass_against_its_decode_step_and_save_appends
     saved = results.read_text()
     assert saved.count("## A decode step against the matmul floor, token by token") == 1
     assert "- Command: `python benchmarks/decode_vs_floor.py" in saved and "| median |" in saved
+
+
+def test_quantize_decodes_the_quantized_model_and_says_so():
+    done = run([str(SCRIPT), *QUICK, "--rounds", "1", "--dtype", "float32", "--quantize", "int8", "--no-save"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    described = re.search(r"^- small in float32, --quantize int8, batch 1, .*; int8 \(int8 weights, activations as "
+                          r"two int8 digits.*in (\d+) block matmuls", done.stdout, re.M)
+    assert described and int(described[1]) == 4 * SHAPES_SMALL_LAYERS, done.stdout[-2000:]
+    plain = run([str(SCRIPT), *QUICK, "--rounds", "1", "--no-save"])
+    assert plain.returncode == 0 and "--quantize" not in plain.stdout and "int8" not in plain.stdout
 
 
 def test_the_floor_pass_runs_once_per_token_on_the_models_own_matmul_modules():
