@@ -93,10 +93,10 @@ def stored_bytes(module: torch.nn.Module) -> int:
 
 
 def mean_decode_context(prompt_tokens: int, new_tokens: int) -> float:
-    """The mean number of cache slots a decode step of model.generate.generate attends over: after the prefill of
-    the prompt, step k (k = 1..new_tokens) writes the token at position prompt + k - 1 and attends over
-    prompt + k slots (generate runs one step per new token, the last one's logits unused)."""
-    return prompt_tokens + (new_tokens + 1) / 2
+    """The mean number of cache slots a decode step of model.generate.generate attends over (new_tokens >= 2):
+    after the prefill of the prompt, which gives the first token, step k (k = 1..new_tokens - 1) writes token k
+    at position prompt + k - 1 and attends over prompt + k slots (no step runs after the last token)."""
+    return prompt_tokens + new_tokens / 2
 
 
 @dataclasses.dataclass

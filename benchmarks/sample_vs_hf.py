@@ -20,7 +20,7 @@ _limits.py), for the shape, dtype and device of the run:
                    (each block's qkv, out, MLP in and out, the LM head; at the run's dtype, or whatever a quantized
                    or prepacked replacement module holds), the norms and one embedding row, plus the KV cache at
                    the generation's mean context (2 x n_layer x n_kv_head x head_dim x context x cache element
-                   size; context = prompt + (new tokens + 1) / 2 slots). HF reads the same weights and cache.
+                   size; context = prompt + new tokens / 2 slots). HF reads the same weights and cache.
   bandwidth bound  memory bandwidth / bytes per token. Bandwidth: the best of 10 timed streaming reads (a sum)
                    of a buffer of 4x the last-level cache (at least 256 MiB; 2 GiB on CUDA), on the run's
                    threads; measured once, before the first shape. At batch 1 each weight is used once per

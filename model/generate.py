@@ -138,7 +138,7 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int, temperature:
                                  device=device)
         positions = torch.arange(window.shape[1], device=device) if use_kv_cache else None
         logits, _ = model(window, input_pos=positions, last_only=True)
-        for _ in range(max_new_tokens):
+        for drawn in range(1, max_new_tokens + 1):
             token = sample_next(logits[:, -1], temperature, top_k, top_p, generator)  # (B,)
             out.append(token[:, None])
             if on_token is not None:
@@ -149,6 +149,8 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int, temperature:
                 finished |= token == stop_token
                 if bool(finished.all()):
                     break
+            if drawn == max_new_tokens:  # the last token: no step after it, its logits would go unused
+                break
             n = window.shape[1]
             window = torch.cat([window, token[:, None]], dim=1)
             if n == block_size:  # no room for the new token: slide, keep the last `keep` tokens

@@ -78,9 +78,9 @@ def test_the_floor_pass_runs_once_per_token_on_the_models_own_matmul_modules():
     step_s, floor_s = decode_vs_floor.one_round(model, prompt, 5)
     assert step_s > 0 and floor_s > 0
     per_pass = len(_limits.matmul_modules(model)) - 1
-    # the prefill (3 positions); a decode step after each of the 5 tokens (generate runs one for the last token
-    # too, its logits unused) and a floor pass after each: every block matmul once in each
-    assert calls.count(3) == per_pass and calls.count(1) == (5 + 5) * per_pass
+    # the prefill (3 positions), which gives the first token; a decode step for each of the other 4 (none after
+    # the last token) and a floor pass after each of the 5: every block matmul once in each
+    assert calls.count(3) == per_pass and calls.count(1) == (4 + 5) * per_pass
 
 
 def test_the_matmuls_left_out_runs_no_matmul_module_and_puts_every_one_back():

@@ -63,7 +63,9 @@ def test_the_mean_context_is_what_generate_attends_over():
             attended.append(mask.shape[-1])
     model.blocks[0].attn.register_forward_pre_hook(record)
     generate(model, torch.zeros(1, 5, dtype=torch.long), 4, temperature=0.0)
-    assert sum(attended) / len(attended) == _limits.mean_decode_context(5, 4) == 5 + 2.5
+    # steps over 6, 7 and 8 slots give tokens 2-4; none runs after the 4th
+    assert attended == [6, 7, 8]
+    assert sum(attended) / len(attended) == _limits.mean_decode_context(5, 4) == 5 + 2
 
 
 class Int8Linear(torch.nn.Module):

@@ -246,6 +246,20 @@ def test_stop_token_ends_generation_once_every_row_produced_it():
         assert generate(model, prompt, n_new, temperature=0.0, stop_token=min(never)).shape[1] == 4 + n_new
 
 
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_a_generation_of_n_tokens_runs_one_pass_for_each_and_none_after_the_last(use_cache):
+    """The prefill gives the first token, each later token one more pass (a one-token step with the cache, the
+    window again without); nothing runs after the last token, whose logits nobody would read."""
+    model = lively(tiny(**ARCHS["gqa"]))
+    passes = []
+    model.blocks[0].register_forward_pre_hook(lambda block, args: passes.append(args[0].shape[1]))
+    for n_new in (1, 2, 7):
+        passes.clear()
+        out = generate(model, prompts(1, 4, seed=0), n_new, temperature=0.0, use_kv_cache=use_cache)
+        assert out.shape[1] == 4 + n_new
+        assert passes == [4] + ([1] * (n_new - 1) if use_cache else list(range(5, 4 + n_new))), passes
+
+
 def test_seeded_sampling_is_reproducible():
     model = lively(tiny(**ARCHS["gqa"]))
     runs = [generate(model, prompts(2, 3), 20, generator=torch.Generator().manual_seed(s)) for s in (9, 9, 10)]
