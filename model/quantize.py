@@ -244,7 +244,9 @@ def split_digits(rows: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.T
     with u = rows / scales in [-D, D] (module doc: D = levels / 2 - 1, B = 2D, scale = max|row| / D), so that
     rows ~ scales * (h + round((u - h) * B) / B). The second digits are left unrounded: the kernel rounds them to
     its codes. An all-zero row gets scale float32's smallest normal number (its digits are then all 0)."""
-    scales = torch.linalg.vector_norm(rows, float("inf"), dim=1, keepdim=True, dtype=torch.float32)
+    # max|row| as abs then amax (exact in any float dtype): ~10x faster on a CPU than the inf-norm's reduction,
+    # 12 against 97 us for 25 rows of 3072 (a prefill's fc_out input)
+    scales = rows.abs().amax(dim=1, keepdim=True).float()
     scales = scales.div_(levels // 2 - 1).clamp_min_(FLOAT32_TINY)  # (N, 1)
     u = rows / scales  # float32 (N, in)
     h = torch.round(u)
