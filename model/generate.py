@@ -34,7 +34,10 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     top_p keeps the smallest set of most likely tokens whose probability reaches top_p (nucleus; ties
     broken by index too)."""
     if temperature == 0:
-        return logits.float().argmax(dim=-1)  # the same index (widening is exact); argmax of bf16 is slower
+        # the first index of the row's largest, as argmax gives it, in the logits' own dtype: on a CPU max's
+        # reduction is ~3x faster than argmax's over a 50,304-token row (21 against 63 us in float32; bfloat16
+        # 35 us, against 90 for argmax after widening)
+        return logits.max(dim=-1).indices
     # float64, shifted so the row max is 0: a tiny temperature (1e-40) then sends the other logits to
     # -inf instead of overflowing to inf - inf = NaN in the softmax
     logits = logits.double()

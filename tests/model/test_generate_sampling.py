@@ -40,6 +40,20 @@ def test_temperature_zero_is_argmax_whatever_the_filters():
     assert torch.equal(sample_next(logits, temperature=0.0, top_k=3, top_p=0.5), expected)
 
 
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), rows=st.integers(1, 3), vocab=st.integers(1, 60_000),
+       spread=st.integers(1, 6), dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.float64]),
+       with_inf=st.booleans())
+def test_greedy_picks_the_first_largest_logit_in_any_dtype(seed, rows, vocab, spread, dtype, with_inf):
+    """Greedy decoding is argmax on the widened row, the lowest index among ties, for rows of few distinct
+    values (ties everywhere), -inf entries, any vocabulary size (the kernels' vector loops and their tails)."""
+    logits = torch.randint(-spread, spread + 1, (rows, vocab), generator=torch.Generator().manual_seed(seed)).float()
+    if with_inf:
+        logits[logits < 0] = float("-inf")
+    logits = logits.to(dtype)
+    assert torch.equal(sample_next(logits, temperature=0.0), logits.double().argmax(dim=-1))
+
+
 def test_top_k_keeps_exactly_k_candidates_even_with_ties():
     """Five tokens tie for second place: top_k=3 keeps the best and exactly two of the tied ones (the
     lowest indices), never all five as a `logits >= kth value` filter would."""
