@@ -442,7 +442,7 @@ def _all_finite(x: torch.Tensor) -> bool:
     passes (a decode step's check over GPT-2's 50304 logits: ~0.07 against ~0.3 ms); float64 x entry by entry."""
     if x.dtype == torch.float64:
         return bool(torch.isfinite(x).all())
-    return bool(torch.isfinite(x.sum(dtype=torch.float64)))
+    return math.isfinite(float(x.sum(dtype=torch.float64)))  # a Python float: isfinite of a tensor is five ops
 
 
 BLOCK_MATMULS = ("attn.qkv_proj", "attn.out_proj", "mlp.fc_in", "mlp.fc_out")  # each block's matmul layers, in order
@@ -568,7 +568,8 @@ class GPT(nn.Module):
             # aligned causal attention over the buffer); without one, idx only sees itself.
             mask = self.causal_table[input_pos] if caching else None
             if caching and kv_len is None and not torch.compiler.is_compiling():
-                kv_len = int(input_pos.max()) + 1  # eager: the written prefix
+                # eager: the written prefix; one position (a decode step) read as it is, without a reduction
+                kv_len = int(input_pos if input_pos.numel() == 1 else input_pos.max()) + 1
             if caching and kv_len is not None:
                 mask = mask[:, :kv_len]
         return self._embed(idx, positions), self._rope(T, input_pos), mask
