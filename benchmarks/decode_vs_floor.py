@@ -224,8 +224,9 @@ def main() -> None:
         kinds = list(rows[0][2].between)
         stretches = [(kind, statistics.median(real.between[kind] for *_, real, _ in rows),
                       statistics.median(left.between[kind] for *_, left in rows)) for kind in kinds]
-        lines = [f"- {args.shape} in {args.dtype}{f', --quantize {args.quantize}' if args.quantize else ''}, batch 1, greedy, prompt {args.prompt}, {args.new_tokens} new "
-                 f"tokens, KV cache in {str(cache).removeprefix('torch.')}; {packing}.",
+        quantize_flag = f", --quantize {args.quantize}" if args.quantize else ""
+        lines = [f"- {args.shape} in {args.dtype}{quantize_flag}, batch 1, greedy, prompt {args.prompt}, "
+                 f"{args.new_tokens} new tokens, KV cache in {str(cache).removeprefix('torch.')}; {packing}.",
                  "- decode step = token to token less the floor pass between them; floor pass = the model's matmul "
                  "modules alone on one token (_limits.matmul_pass), timed after every token; matmuls in a step = "
                  "the matmul calls' own time in a generation with each call timed where it is made "
