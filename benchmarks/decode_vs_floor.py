@@ -150,7 +150,7 @@ def split_steps(marks: list[Mark], kinds: list[str]) -> StepSplit:
     if len(steps) < 2 or any([index for index, _, _ in s] != list(range(per_step)) for s in steps):
         raise ValueError(f"expected the prefill's and then whole decode steps of {per_step} matmul calls each in "
                          f"slot order, got {len(marks)} calls")
-    totals, matmuls, between = [], [], {kind: [] for kind in dict.fromkeys(kinds)}
+    totals, matmuls, between = [], [], {kind: [] for kind in kinds}
     for this, after in zip(steps, steps[1:]):
         totals.append(after[0][1] - this[0][1])
         matmuls.append(sum(end - start for _, start, end in this))

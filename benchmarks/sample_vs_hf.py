@@ -125,6 +125,8 @@ def sample_py_rates(ours: GPT, prompt: torch.Tensor, n_new: int, runs: dict[str,
     text = tokenizer.decode([int(t) % min(vocab, 50257) for t in prompt[0].tolist()])
     rates: dict[str, list[float]] = {name: [] for name in runs}
     names = list(runs)
+    # what each run's speed line must name: a run that is not what was asked measures nothing
+    quantized = {name: flags[flags.index("--quantize") + 1] for name, flags in runs.items() if "--quantize" in flags}
     with tempfile.TemporaryDirectory() as folder:
         save_model(ours, folder, extra={"tokenizer": tokenizer.to_json()})
         for r in range(rounds):
@@ -138,11 +140,8 @@ def sample_py_rates(ours: GPT, prompt: torch.Tensor, n_new: int, runs: dict[str,
                 if done.returncode != 0 or found is None:
                     raise UserError(f"sample.py failed (exit {done.returncode}): {done.stderr.strip()[-400:]}")
                 speed_line = done.stderr[found.start():].split("\n", 1)[0]
-                flags = runs[name]
-                quantize = flags[flags.index("--quantize") + 1] if "--quantize" in flags else None
-                if quantize is not None and f", --quantize {quantize}," not in speed_line:
-                    # the speed line names what ran: a run that is not what was asked measures nothing
-                    raise UserError(f"sample.py {' '.join(flags)} did not say it quantized: {speed_line}")
+                if name in quantized and f", --quantize {quantized[name]}," not in speed_line:
+                    raise UserError(f"sample.py {' '.join(runs[name])} did not say it quantized: {speed_line}")
                 rates[name].append(float(found.group(2)))
             after_each(rates)
     return rates

@@ -66,7 +66,6 @@ def test_quantize_decodes_the_quantized_model_and_says_so():
 
 
 def test_the_floor_pass_runs_once_per_token_on_the_models_own_matmul_modules():
-    sys.path.insert(0, str(SCRIPT.parent))
     import decode_vs_floor
     import _limits
     from model import GPT
@@ -86,7 +85,6 @@ def test_the_floor_pass_runs_once_per_token_on_the_models_own_matmul_modules():
 def test_the_matmuls_left_out_runs_no_matmul_module_and_puts_every_one_back():
     """matmuls_left_out swaps every matmul slot (the LM head included) for zeros of its output shape and puts the
     very modules back; a generation inside it calls none of them."""
-    sys.path.insert(0, str(SCRIPT.parent))
     import decode_vs_floor
     from model import GPT
     model = GPT(decode_vs_floor.SHAPES["small"]).eval()
@@ -110,7 +108,6 @@ def test_every_matmul_call_is_timed_in_slot_order_and_the_methods_are_put_back()
     """matmul_calls_timed records each block matmul's forward and the head (GPT.logits) once per pass, in
     GPT.matmul_slots order, the numbers unchanged, the modules' types kept; after it, nothing is shadowed, and
     a method already shadowed on an instance before is shadowed by that one again."""
-    sys.path.insert(0, str(SCRIPT.parent))
     import decode_vs_floor
     from model import GPT
     model = GPT(decode_vs_floor.SHAPES["small"]).eval()
@@ -138,7 +135,6 @@ def test_every_matmul_call_is_timed_in_slot_order_and_the_methods_are_put_back()
 def test_a_step_is_split_into_its_matmuls_and_the_stretches_after_each_kind():
     """split_steps on made-up marks: two slots ("a", then the head "h"), a prefill, then three decode steps; each
     step from its first call to the next one's, its matmuls summed, each stretch credited to the call before."""
-    sys.path.insert(0, str(SCRIPT.parent))
     import decode_vs_floor
     marks = [(0, 0.0, 1.0), (1, 2.0, 3.0)]  # the prefill: not a step
     for t in (10.0, 20.0, 31.0):  # steps start at 10, 20, 31: a: 1 s, 2 s gap, h: 3 s, then the rest to the next
