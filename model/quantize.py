@@ -346,9 +346,13 @@ class Int8Linear(nn.Module):
             # ~60): the row's scale is the kernel's own, its first digit goes in as s * h, which the kernel
             # divides back to exactly h, and one (1, 2) x (2, out) product sums the digits' outputs
             low, high = torch.aminmax(rows)  # max|row| = max(-min, max): one reduction, faster here than the inf-norm
-            scale = max(-float(low), float(high), 0.0) / (zero - 1) or FLOAT32_TINY
+            # at least float32's smallest normal number, so that 1 / scale is finite: an all-zero row's digits are 0
+            scale = max(max(-float(low), float(high), 0.0) / (zero - 1), FLOAT32_TINY)
             row = rows.float()
-            coarse = torch.fake_quantize_per_tensor_affine(row, scale, 0, 1 - zero, zero - 1)  # s * h, (1, in)
+            # s * h with |h| <= D (|row| <= D s): three small ops, together half the time of fake_quantize's one
+            # (~16 us for a row of 3072 on a 2-core EPYC: it also builds a clamp mask); the second digit is what
+            # is left of the row, so the bound holds whichever way a tie rounds
+            coarse = row.mul(1.0 / scale).round_().mul_(scale)  # (1, in)
             products = digit_op(torch.cat([coarse, torch.sub(row, coarse).mul_(self._digit_base)]), scale, zero,
                                 self._fbgemm_weight)  # (2, out): W h + b', W l + b'
             y = torch.mm(self._digit_sum, products)  # (1, out): W h + W l / B + b
