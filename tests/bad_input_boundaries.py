@@ -217,9 +217,12 @@ RULES_DOC = [
     "peak is measured again, once, and while the run is still faster its own fastest rate stands in for the peak; "
     "from then on the progress bar shows the MFU as an upper bound (`mfu=<=97.0%`), said once in the log. Tests: "
     "`training/test_runtime_peak.py`.",
-    "- **`auto` decides only on rounds that agree** (`training/autotune.py: compare`). Each candidate's fastest "
-    "round must be confirmed by another of its rounds within `ROUND_NOISE` (1.25x); otherwise the load changed "
-    "while they were timed, and the comparison keeps its baseline (float32 eager, or eager for compile), the safe "
-    "default, and its summary says so with the rounds' spread. Tests: `training/test_autotune_rounds.py`.",
+    "- **`auto` decides only on rounds that agree, or on a gain their disagreement cannot explain** "
+    "(`training/autotune.py: compare`). Each candidate's fastest round must be confirmed by another of its rounds "
+    "within `ROUND_NOISE` (1.25x); otherwise the load changed while they were timed, by up to the rounds' spread, "
+    "and the comparison keeps its baseline (float32 eager, or eager for compile), the safe default, its summary "
+    "saying so with the spread; unless the fastest candidate beat the baseline by more than that spread times "
+    "`MIN_GAIN` (1.05), more than any such change of load explains: then it is kept, and the summary says why. "
+    "Tests: `training/test_autotune_rounds.py`.",
     "",
 ]

@@ -20,8 +20,9 @@ candidates compared timed in turn, ROUNDS rounds, each keeping its fastest round
 
 A candidate other than float32 eager is kept only when it is at least MIN_GAIN faster, so `auto` is never slower
 than plain float32 eager beyond noise; and only when every candidate's fastest round is confirmed by another of
-its rounds within ROUND_NOISE: rounds further apart say the machine's load changed while they were timed, and the
-comparison then keeps its baseline, the safe default, saying so (`compare`). The steps are timed while the run is
+its rounds within ROUND_NOISE: rounds further apart say the machine's load changed while they were timed, by up to
+their spread, and the comparison then keeps its baseline, the safe default, saying so, unless the fastest beat it by
+more than that spread times MIN_GAIN, which no such change of load explains (`compare`). The steps are timed while the run is
 resolved (training/plan.py), on a model of the run's shape built for the timing, before the run's own model
 exists: a run with `auto` trains exactly as the same run with the chosen settings written out (`choose` also puts
 back the weights, optimizer state and RNG streams of what it timed). What it decided is a value, `Precision`,
@@ -106,7 +107,7 @@ class Comparison:
     kept: str | None = None
     unit: str = "ms/step"  # or "ms/call": one forward and backward of the fused attention kernel
     # the candidates whose rounds disagreed beyond ROUND_NOISE, each with its second-fastest round over its fastest:
-    # then the baseline is kept, whatever the fastest rounds say
+    # then the baseline is kept, unless the fastest beat it by more than the largest spread times MIN_GAIN
     unsettled: dict[str, float] = field(default_factory=dict)
 
     def describe(self) -> str:
@@ -117,15 +118,16 @@ class Comparison:
         parts = []
         for name, ms in self.ms_per_step.items():
             if name != self.baseline:
+                spread = ", ".join(f"{n}'s rounds {r:.2f}x apart" for n, r in self.unsettled.items())
                 if name == self.kept:
-                    verdict = "kept"
+                    verdict = (f"kept ({spread}, and {base / ms:.2f}x is beyond that times {MIN_GAIN:.2f})"
+                               if self.unsettled else "kept")
+                elif self.unsettled and self.kept == self.baseline:
+                    verdict = f"not kept ({spread}, beyond the {ROUND_NOISE}x of noise: kept the safe default)"
                 elif base / ms >= MIN_GAIN:  # fast enough, but another candidate was faster still
                     verdict = f"not kept ({self.kept} faster)"
                 else:
                     verdict = f"not kept (under {MIN_GAIN:.2f}x)"
-                if self.unsettled:
-                    spread = ", ".join(f"{n}'s rounds {r:.2f}x apart" for n, r in self.unsettled.items())
-                    verdict = f"not kept ({spread}, beyond the {ROUND_NOISE}x of noise: kept the safe default)"
                 parts.append(f"{name} {ms:.1f} vs {self.baseline} {base:.1f} {self.unit}: {base / ms:.2f}x, {verdict}")
         return "; ".join(parts)
 
@@ -445,12 +447,18 @@ def compare(timings: dict[str, float], baseline: str, unit: str = "ms/step") -> 
     """The comparison of candidates timed in turn (a `Timings` also holds every round; module doc). A lone
     round confirms nothing and contradicts nothing."""
     rounds = getattr(timings, "rounds", {name: [ms] for name, ms in timings.items()})
-    unsettled = {}
+    spreads = {}  # second-fastest round over the fastest, for the candidates beyond ROUND_NOISE
     for name, ms in rounds.items():
         fastest, *others = sorted(ms)
         if others and others[0] > fastest * ROUND_NOISE:
-            unsettled[name] = round(others[0] / fastest, 2)
-    kept = baseline if unsettled else _fastest(timings, baseline)
+            spreads[name] = others[0] / fastest
+    kept = _fastest(timings, baseline)
+    # rounds that disagree say the load moved by up to their spread while they were timed, so a fastest round may
+    # have been slowed by that much: a gain smaller than the spread (times MIN_GAIN) may be the load's, a larger
+    # one cannot be, and stands
+    if spreads and kept != baseline and timings[baseline] / timings[kept] < MIN_GAIN * max(spreads.values()):
+        kept = baseline
+    unsettled = {name: round(spread, 2) for name, spread in spreads.items()}
     # to 6 significant digits for the saved choice (never 0, unlike a fixed number of decimals)
     rounded = {name: float(f"{ms:.6g}") for name, ms in timings.items()}
     return Comparison(rounded, baseline, kept, unit=unit, unsettled=unsettled)
