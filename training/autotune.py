@@ -21,12 +21,12 @@ candidates compared timed in turn, ROUNDS rounds, each keeping its fastest round
 A candidate other than float32 eager is kept only when it is at least MIN_GAIN faster, so `auto` is never slower
 than plain float32 eager beyond noise; and only when every candidate's fastest round is confirmed by another of
 its rounds within ROUND_NOISE: rounds further apart say the machine's load changed while they were timed, by up to
-their spread, and the comparison then keeps its baseline, the safe default, saying so, unless the fastest beat it by
-more than that spread times MIN_GAIN, which no such change of load explains (`compare`). The steps are timed while the run is
-resolved (training/plan.py), on a model of the run's shape built for the timing, before the run's own model
-exists: a run with `auto` trains exactly as the same run with the chosen settings written out (`choose` also puts
-back the weights, optimizer state and RNG streams of what it timed). What it decided is a value, `Precision`,
-that the run is built with; nothing is changed afterwards. The choice is saved in out_dir (CHOICE_FILE) and a
+their spread, and the comparison then keeps its baseline, the safe default, saying so, unless the fastest beat it
+by more than that spread times MIN_GAIN, which no such change of load explains (`compare`). The steps are timed
+while the run is resolved (training/plan.py), on a model of the run's shape built for the timing, before the
+run's own model exists: a run with `auto` trains exactly as the same run with the chosen settings written out
+(`choose` also puts back the weights, optimizer state and RNG streams of what it timed). What it decided is a
+value, `Precision`, that the run is built with; nothing is changed afterwards. The choice is saved in out_dir (CHOICE_FILE) and a
 resume reuses it without measuring again. Explicit settings are obeyed as written and never measured.
 
 What the run prints: before timing, what is timed, about how long it takes and how to skip it; before
