@@ -26,8 +26,9 @@ by more than that spread times MIN_GAIN, which no such change of load explains (
 while the run is resolved (training/plan.py), on a model of the run's shape built for the timing, before the
 run's own model exists: a run with `auto` trains exactly as the same run with the chosen settings written out
 (`choose` also puts back the weights, optimizer state and RNG streams of what it timed). What it decided is a
-value, `Precision`, that the run is built with; nothing is changed afterwards. The choice is saved in out_dir (CHOICE_FILE) and a
-resume reuses it without measuring again. Explicit settings are obeyed as written and never measured.
+value, `Precision`, that the run is built with; nothing is changed afterwards. The choice is saved in out_dir
+(CHOICE_FILE) and a resume reuses it without measuring again. Explicit settings are obeyed as written and never
+measured.
 
 What the run prints: before timing, what is timed, about how long it takes and how to skip it; before
 compiling, why and that it takes a while; then one summary line. The summary gives each comparison with the
