@@ -160,6 +160,23 @@ def test_a_canvas_redrawing_new_maps_writes_the_pixels_a_whole_draw_writes(tmp_p
     assert not np.array_equal(png_pixels(tmp_path / "canvas_0.png"), png_pixels(tmp_path / "canvas_1.png"))
 
 
+@pytest.mark.parametrize("zoom", [False, True])
+def test_one_canvas_serving_several_layers_in_turn_writes_each_layers_whole_draw(tmp_path, zoom):
+    """As a training run's snapshots use it: one canvas per picture for every drawn layer, the layers' maps and
+    titles alternating at each step; every picture is the one a whole draw of that layer's maps writes."""
+    T = 70 if zoom else 30
+    tokens = tokens_of(T)
+    canvas = HeatmapCanvas(tokens, zoom=zoom, last=40)
+    for step in (0, 1):
+        for layer, peak in ((0, 1.0), (2, 0.4)):
+            w = causal_maps(4, T, seed=10 * step + layer) * peak
+            title = f"layer {layer}, step {step}"
+            canvas.draw(w, title, tmp_path / f"canvas_{layer}_{step}.png")
+            whole = tmp_path / f"whole_{layer}_{step}.png"
+            draw_heatmap_zoom(w, tokens, whole, title, last=40) if zoom else draw_heatmap(w, tokens, title, whole)
+            np.testing.assert_array_equal(png_pixels(tmp_path / f"canvas_{layer}_{step}.png"), png_pixels(whole))
+
+
 def test_a_canvas_draws_a_new_shape_or_a_title_appearing_whole_again(tmp_path):
     """Maps of another length, or a title where there was none (and back), get the layout a whole draw gives them:
     the same pixels, of the new size."""
