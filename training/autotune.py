@@ -453,22 +453,20 @@ def compare(timings: dict[str, float], baseline: str, unit: str = "ms/step") -> 
         fastest, *others = sorted(ms)
         if others and others[0] > fastest * ROUND_NOISE:
             spreads[name] = others[0] / fastest
-    kept = _fastest(timings, baseline)
     # rounds that disagree say the load moved by up to their spread while they were timed, so a fastest round may
     # have been slowed by that much: a gain smaller than the spread (times MIN_GAIN) may be the load's, a larger
     # one cannot be, and stands
-    if spreads and kept != baseline and timings[baseline] / timings[kept] < MIN_GAIN * max(spreads.values()):
-        kept = baseline
+    kept = _fastest(timings, baseline, MIN_GAIN * max(spreads.values(), default=1.0))
     unsettled = {name: round(spread, 2) for name, spread in spreads.items()}
     # to 6 significant digits for the saved choice (never 0, unlike a fixed number of decimals)
     rounded = {name: float(f"{ms:.6g}") for name, ms in timings.items()}
     return Comparison(rounded, baseline, kept, unit=unit, unsettled=unsettled)
 
 
-def _fastest(ms: dict[str, float], baseline: str) -> str:
-    """The fastest candidate, unless it beats the baseline by less than MIN_GAIN: then the baseline."""
+def _fastest(ms: dict[str, float], baseline: str, min_gain: float = MIN_GAIN) -> str:
+    """The fastest candidate, unless it beats the baseline by less than `min_gain`: then the baseline."""
     best = min(ms, key=ms.get)
-    return best if ms[baseline] / ms[best] >= MIN_GAIN else baseline
+    return best if ms[baseline] / ms[best] >= min_gain else baseline
 
 
 def _bf16_supported(device: torch.device) -> bool:
