@@ -37,8 +37,8 @@
 #      then its val loss vs wall-clock table (benchmarks/quality_vs_time.py --metrics), appended to RESULTS.md
 #   6. benchmarks/sample_speed.py on CUDA in bf16: tokens/s with and without the KV cache at 64/256/1024 tokens
 #      of context, ms/token at positions 10 and 1000, cache bytes; appended to RESULTS.md
-#   6b. benchmarks/sample_vs_hf.py on CUDA at GPT-2 124M: attngpt eager and compiled decode vs transformers'
-#      generate, identical weights (needs transformers there)
+#   6b. benchmarks/sample_vs_hf.py on CUDA at GPT-2 124M in bf16: attngpt eager and compiled decode vs transformers'
+#      generate, identical weights (needs transformers there), beside the limits (bytes/token, HBM bandwidth, matmul floor)
 #   7. torch.profiler's top 25 CUDA ops of the bf16 compiled 124M training step (for explaining where time goes)
 #   8. copy benchmarks/RESULTS.md, the small run's and the FSDP run's metrics.jsonl to $OUT
 # Everything, commands included (set -x), is logged to $OUT/gpu_check.log if $OUT is set, else ./gpu_check.log.
@@ -130,7 +130,7 @@ print("imports OK without datasets and wandb")'
     step "sample_speed cuda bf16" 90 "$PY" benchmarks/sample_speed.py --device cuda --dtype bfloat16 --reps 2
 
     # 6b. sampling against Hugging Face generate with identical weights (eager and compiled decode, CUDA graphs)
-    step "sample_vs_hf cuda" 90 "$PY" benchmarks/sample_vs_hf.py --device cuda --shapes gpt2-124m \
+    step "sample_vs_hf cuda" 150 "$PY" benchmarks/sample_vs_hf.py --device cuda --dtype bfloat16 --shapes gpt2-124m \
         --new-tokens 128,512 --rounds 2
 
     # 7. where the time of a compiled bf16 124M step goes
