@@ -17,7 +17,9 @@ from model import GPT, ModelConfig
 PRESETS = ("gpt2", "modern")
 ATTNS = ("manual", "sdpa")
 DTYPES = {"fp32": None, "bf16": torch.bfloat16}
-BASELINES = ("nanogpt", "textbook")  # nanogpt: the baseline of every ratio; textbook: a second, slower reference
+# nanogpt: the baseline of every ratio; nanogpt-bf16-compile: nanoGPT as its train.py runs on a GPU (bf16 autocast,
+# torch.compile, fused AdamW), a second ratio where it runs; textbook: a slower reference
+BASELINES = ("nanogpt", "nanogpt-bf16-compile", "textbook")
 VARIANT_RE = re.compile(r"^(?P<preset>gpt2|modern)-(?:(?P<auto>auto)|(?P<attn>manual|sdpa)-(?P<dtype>fp32|bf16)"
                         r"(?P<compile>-compile)?)$")
 DEFAULT_VARIANTS = ("nanogpt", "textbook", "gpt2-sdpa-fp32", "gpt2-sdpa-fp32-compile", "modern-sdpa-fp32",
@@ -60,6 +62,9 @@ def parse_variants(text: str, with_compile: bool) -> list[Variant]:
                   and f"{n}-compile" not in names]
     variants = []
     for name in dict.fromkeys(names):  # each name once, in order
+        if name == "nanogpt-bf16-compile":
+            variants.append(Variant(name, dtype="bf16", compile=True))
+            continue
         if name in BASELINES:
             variants.append(Variant(name))
             continue

@@ -31,8 +31,9 @@
 #      6 steps, one eval, a sharded (DCP) latest/ and consolidated best/ + latest/ in /tmp/fsdp-gpu; then
 #      sample.py reads the consolidated checkpoint on CUDA
 #   4. benchmarks/train_throughput.py at GPT-2 small (124M: vocab 50304, block 1024, 12 layers, 12 heads,
-#      width 768, batch 16) on CUDA: nanoGPT's model (fp32 eager, benchmarks/nanogpt_reference.py) vs attngpt in fp32 and in bf16 autocast with
-#      flash SDPA (forced: --sdpa-backend flash), eager and torch.compile'd, 3 repeats; appended to RESULTS.md (--save)
+#      width 768, batch 16) on CUDA: nanoGPT's model (benchmarks/nanogpt_reference.py) fp32 eager and as its train.py
+#      runs on a GPU (bf16 autocast, compile, fused AdamW) vs attngpt in fp32 and in bf16 autocast with flash SDPA
+#      (--sdpa-backend flash: the bf16 variants), eager and torch.compile'd, 3 repeats; appended to RESULTS.md (--save)
 #   5. a short configs/small.yaml run on CUDA in bf16 (300 steps, an eval every 100) into /tmp/small-gpu,
 #      then its val loss vs wall-clock table (benchmarks/quality_vs_time.py --metrics), appended to RESULTS.md
 #   6. benchmarks/sample_speed.py on CUDA in bf16: tokens/s with and without the KV cache at 64/256/1024 tokens
@@ -116,7 +117,7 @@ print("imports OK without datasets and wandb")'
     # 4. training throughput at GPT-2 small, bf16 + flash SDPA + compile vs the fp32 eager reference
     step "train_throughput 124M" 270 "$PY" benchmarks/train_throughput.py --device cuda \
         --vocab 50304 --block 1024 --batch 16 --layers 12 --heads 12 --width 768 \
-        --variants nanogpt,gpt2-sdpa-fp32,gpt2-sdpa-bf16,gpt2-sdpa-bf16-compile,modern-sdpa-bf16-compile,gpt2-auto \
+        --variants nanogpt,nanogpt-bf16-compile,gpt2-sdpa-fp32,gpt2-sdpa-bf16,gpt2-sdpa-bf16-compile,modern-sdpa-bf16-compile,gpt2-auto \
         --sdpa-backend flash --warmup 3 --steps 10 --repeats 3 --save
 
     # 5. a short small.yaml run on the GPU, then its val loss vs wall-clock

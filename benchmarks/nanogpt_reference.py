@@ -11,10 +11,13 @@ attngpt's model/, so that "Nx nanoGPT" compares against the recipe people actual
     for CPU tensors (the per-parameter loop); fp32; eager (its CPU command line passes --compile=False);
   - a step: loss.backward(), clip_grad_norm_(1.0), optimizer.step(), zero_grad(set_to_none=True);
   - learning rate: linear warmup then cosine decay to min_lr (its get_lr).
+On a GPU nanoGPT's train.py runs the same step differently (its defaults): the forward under bfloat16 autocast,
+torch.compile, fused AdamW; `train_step(autocast=torch.bfloat16)` on a compiled model is that step.
 `NANOGPT_CPU` and `CPU_RECIPE` are the shape and recipe of nanoGPT's README command for a CPU.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -118,9 +121,11 @@ def nanogpt_lr(step: int, max_iters: int, lr: float, min_lr: float, warmup_iters
 
 
 def train_step(model: NanoGPT, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-               grad_clip: float = 1.0) -> tuple[float, float]:
-    """One nanoGPT training step; returns (loss, grad norm) as floats (its CPU recipe logs every step)."""
-    _, loss = model(x, y)
+               grad_clip: float = 1.0, autocast: torch.dtype | None = None) -> tuple[float, float]:
+    """One nanoGPT training step; returns (loss, grad norm) as floats (its CPU recipe logs every step).
+    autocast: the forward under torch.autocast in that dtype, the backward outside it (nanoGPT's `ctx` on a GPU)."""
+    with torch.autocast(x.device.type, dtype=autocast) if autocast is not None else contextlib.nullcontext():
+        _, loss = model(x, y)
     loss.backward()
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()

@@ -4,6 +4,8 @@ A step: forward, backward, clip_grad_norm_(1.0), optimizer step, loss and grad n
 both loops do every step on a CPU). Variants, all on one random batch from one seed:
   nanogpt                      benchmarks/nanogpt_reference.py, nanoGPT's model and optimizer as it runs them on a
                                CPU (fp32, eager): every "vs nanoGPT" ratio is taken against it, in the same run.
+  nanogpt-bf16-compile         the same model and step as nanoGPT's train.py runs them on a GPU: the forward under
+                               bf16 autocast, torch.compile, fused AdamW; where it runs, a second ratio column.
   textbook                     benchmarks/reference_gpt.py: explicit attention with a mask buffer, separate q/k/v,
                                biases, torch.optim.AdamW defaults: what a textbook reader writes.
   PRESET-ATTN-DTYPE[-compile]  attngpt's GPT through training.step with training.optim's AdamW (fused kernel):
@@ -68,6 +70,14 @@ def sdpa_context(backend: str) -> contextlib.AbstractContextManager:
     return sdpa_kernel([choice])
 
 
+def sdpa_backend_of(v: Variant, forced: str) -> str:
+    """The kernel an sdpa variant's attention is held to: the forced one, except flash for a float32 variant
+    (flash has no float32 kernel: such a variant keeps PyTorch's own choice, as the timing line says)."""
+    if v.attn != "sdpa" or (forced == "flash" and v.dtype == "fp32"):
+        return "auto"
+    return forced
+
+
 def setup(v: Variant, args: argparse.Namespace, device: torch.device, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
     """Build the model and optimizer of v on device and set v.step: one full training step."""
     x, y = batch
@@ -75,7 +85,7 @@ def setup(v: Variant, args: argparse.Namespace, device: torch.device, batch: tup
     gpt2_cfg = model_config("gpt2", "manual", args)
     if v.preset is None:  # a baseline
         v.flops_per_token = counting_model(gpt2_cfg).flops_per_token(args.block)  # the same architecture's count
-        if v.name == "nanogpt":
+        if v.name.startswith("nanogpt"):
             model = NanoGPT(NanoShape(args.layers, args.heads, args.width, args.block, args.batch, args.vocab))
             model = model.to(device).train()
             opt = model.configure_optimizer()
@@ -83,8 +93,9 @@ def setup(v: Variant, args: argparse.Namespace, device: torch.device, batch: tup
             model = ReferenceGPT(args.vocab, args.block, args.layers, args.heads, args.width).to(device).train()
             opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         v.params = sum(p.numel() for p in model.parameters())
+        stepped = torch.compile(model) if v.compile else model
         # the textbook step is nanoGPT's too: backward, clip, optimizer step, zero_grad, loss and norm read back
-        v.step = lambda: nanogpt_step(model, opt, x, y, GRAD_CLIP)
+        v.step = lambda: nanogpt_step(stepped, opt, x, y, GRAD_CLIP, autocast=DTYPES[v.dtype])
         return
 
     cfg = model_config(v.preset, v.attn, args)
@@ -102,7 +113,7 @@ def setup(v: Variant, args: argparse.Namespace, device: torch.device, batch: tup
         print(f"  {v.name}: {v.choice}", flush=True)
     rt = Runtime(device, DTYPES[v.dtype])
     model = (compiled if compiled is not None else torch.compile(raw)) if v.compile else raw
-    backend = args.sdpa_backend if v.attn == "sdpa" else "auto"
+    backend = sdpa_backend_of(v, args.sdpa_backend)
 
     def step() -> tuple[float, float]:
         with sdpa_context(backend):
@@ -185,8 +196,9 @@ def main() -> None:
                         help="matmul size of the peak measurement (default 1024 on CPU, 8192 on CUDA)")
     timing.add_argument("--peak-trials", type=int, default=3, help="peak measurements per dtype; the best is used")
     parser.add_argument("--sdpa-backend", default="auto", choices=("auto", "flash", "efficient", "cudnn", "math"),
-                        help="force one F.scaled_dot_product_attention kernel in the sdpa variants (a variant "
-                             "the kernel cannot serve fails and is reported so)")
+                        help="force one F.scaled_dot_product_attention kernel in the sdpa variants (flash: in the "
+                             "16-bit ones; float32 ones keep PyTorch's choice. A variant the kernel cannot serve "
+                             "otherwise fails and is reported so)")
     parser.add_argument("--profile", metavar="VARIANT", default=None,
                         help="only profile VARIANT (on the first shape): torch.profiler's top 25 ops")
     parser.add_argument("--profile-steps", type=int, default=5)
@@ -221,7 +233,8 @@ def main() -> None:
             print(f"\n### shape {shape_name}", flush=True)
             blocks.append(run(parse_variants(args.variants, args.compile), args, device, random_batch(args, device)))
         _report.save(args, f"Training throughput vs nanoGPT, {device.type}", machine_line, "train_throughput.py",
-                     "- speed vs nanoGPT = nanogpt median ms/step / variant median ms/step (higher is faster). "
+                     "- speed vs nanoGPT = nanogpt median ms/step / variant median ms/step (higher is faster); "
+                     "vs nanoGPT bf16 compile, the same against nanogpt-bf16-compile where it ran. "
                      "final loss: the last timed step's loss on the fixed random batch, a sanity check only (the "
                      "textbook reference keeps PyTorch's default init, N(0, 1) tied embeddings, hence its large "
                      "loss).", "", *[line for block in blocks for line in block])
@@ -271,20 +284,26 @@ def run(variants: list[Variant], args: argparse.Namespace, device: torch.device,
         print(f"round {r + 1}/{repeats} (ms/step): {done}", flush=True)
 
     tokens_per_step = args.batch * args.block
-    ref = next((v for v in variants if v.name == "nanogpt" and v.ms), None)
-    ref_ms = statistics.median(ref.ms) if ref else None
+    def median_of(name: str) -> float | None:
+        return next((statistics.median(v.ms) for v in variants if v.name == name and v.ms), None)
+    ref_ms, gpu_ref_ms = median_of("nanogpt"), median_of("nanogpt-bf16-compile")
     cuda = device.type == "cuda"
-    header = ("| variant | ms/step median | ms/step min | tokens/s | speed vs nanoGPT | MFU (measured peak) "
+    gpu_ratio = gpu_ref_ms is not None  # a second ratio column, against nanoGPT's GPU step
+    header = ("| variant | ms/step median | ms/step min | tokens/s | speed vs nanoGPT "
+              + ("| vs nanoGPT bf16 compile " if gpu_ratio else "") + "| MFU (measured peak) "
               "| MFU (nominal peak) | final loss |" + (" peak memory |" if cuda else ""))
-    table = [header, "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if cuda else "")]
+    table = [header, "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if gpu_ratio else "")
+             + ("---:|" if cuda else "")]
     for v in variants:
         if not v.ms:
-            table.append(f"| {v.name} | FAILED: {v.error} | | | | | | |" + (" |" if cuda else ""))
+            table.append(f"| {v.name} | FAILED: {v.error} | | | | | | |" + (" |" if gpu_ratio else "")
+                         + (" |" if cuda else ""))
             continue
         med = statistics.median(v.ms)
         achieved = v.flops_per_token * tokens_per_step / (med / 1e3)
         nominal_mfu = f"{100 * achieved / nominal[v.dtype]:.1f}%" if v.dtype in nominal else "n/a"
         speed = f"{ref_ms / med:.2f}x" if ref_ms else "n/a"
+        speed += f" | {gpu_ref_ms / med:.2f}x" if gpu_ratio else ""
         note = f" (failed later: {v.error})" if v.error else ""
         table.append(f"| {v.name}{note} | {med:.2f} | {min(v.ms):.2f} | {tokens_per_step / (med / 1e3):,.0f} | "
                      f"{speed} | {100 * achieved / measured[v.dtype]:.1f}% | {nominal_mfu} | {v.last_loss:.3f} |"
@@ -307,7 +326,9 @@ def run(variants: list[Variant], args: argparse.Namespace, device: torch.device,
                 f"{steps} steps (device synchronized around each round); same random batch for all; a step = "
                 f"forward + backward + clip_grad_norm_(1.0) + optimizer step + loss/grad-norm .item(); "
                 f"ms/step median and min over rounds, tokens/s and MFU from the median"
-                + (f"; sdpa backend forced: {args.sdpa_backend}" if args.sdpa_backend != "auto" else "") + ".")
+                + (f"; sdpa backend forced: {args.sdpa_backend}" if args.sdpa_backend != "auto" else "")
+                + (" (float32 variants: PyTorch's choice, flash has no float32 kernel)"
+                   if args.sdpa_backend == "flash" else "") + ".")
     autos = [f"{v.name} chose: {v.choice}" for v in variants if v.auto and v.choice]
     mem_line = ("peak memory: what the variant's weights, optimizer state and warm-up steps added to the CUDA "
                 "allocator's peak (torch.cuda.max_memory_allocated)." if cuda else "")
