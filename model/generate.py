@@ -7,6 +7,7 @@ Both paths follow exactly this policy, so with the same seed they produce the sa
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from typing import Callable
@@ -23,6 +24,9 @@ from model.timing import best_seconds
 # cache, 6.2 s (23 s cold; GPT-2 small's 12 layers 27 s cold: benchmarks/RESULTS.md). A lower bound on what the
 # compile costs, so a generation that cannot save this much cannot repay it.
 CPU_COMPILE_FLOOR_S = 6.0
+# The same on a GPU, where the step is captured as a CUDA graph: GPT-2 small's on an H200 (torch 2.11), 17.8 s for
+# the first cache length in a process and 8.0 s for a second one (benchmarks/RESULTS.md)
+CUDA_COMPILE_FLOOR_S = 8.0
 TIMED_STEPS = 5  # eager decode steps timed by compile_repays (the best one counts)
 
 
@@ -70,6 +74,20 @@ def draw_proportional(weights: torch.Tensor, generator: torch.Generator | None =
     index = torch.searchsorted(cdf, u, right=True)  # (B, 1): first i with cdf_i > u; V when u rounded up to total
     last = torch.searchsorted(cdf, total)  # the first index where the sum reaches its total: a weight > 0
     return torch.minimum(index, last).squeeze(-1)
+
+
+def eager_attention_kernels(device: torch.device) -> contextlib.AbstractContextManager:
+    """The fused-attention kernels eager decoding may take on `device`: on CUDA every one but cuDNN's, elsewhere
+    whatever PyTorch picks. PyTorch prefers cuDNN's attention on Hopper GPUs (torch >= 2.10 with a recent cuDNN),
+    which builds a plan for every new key length (tens of milliseconds each), and eager decoding reaches a new key
+    length at every token: GPT-2 small decoded at 10-16 tok/s through sample.py in bfloat16 on an H200, against
+    ~260 tok/s in a process that had met those lengths before (benchmarks/RESULTS.md). Flash attention and the
+    memory-efficient kernel need no plan. Compiled CUDA decoding attends over the whole static buffer (one length)
+    and is left to PyTorch's choice."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 def decode_cache_dtype(model: GPT, batch_size: int, max_len: int, compiled: bool = False) -> torch.dtype:
@@ -130,6 +148,10 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int, temperature:
     window = prompt  # (B, n): the tokens the model currently sees
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     decode = compiled_decode_step(model) if (compile and use_kv_cache) else None
+
+    def forward(tokens: torch.Tensor, **kwargs) -> torch.Tensor:  # an eager pass -> logits
+        with eager_attention_kernels(device):
+            return model(tokens, **kwargs)[0]
     try:
         if use_kv_cache:
             # a cache as long as this generation can get: block_size only when the window may fill up (a model
@@ -140,7 +162,7 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int, temperature:
             model.setup_kv_cache(B, max_len, dtype=decode_cache_dtype(model, B, max_len, compiled=decode is not None),
                                  device=device)
         positions = torch.arange(window.shape[1], device=device) if use_kv_cache else None
-        logits, _ = model(window, input_pos=positions, last_only=True)
+        logits = forward(window, input_pos=positions, last_only=True)
         for drawn in range(1, max_new_tokens + 1):
             token = sample_next(logits[:, -1], temperature, top_k, top_p, generator)  # (B,)
             out.append(token[:, None])
@@ -159,13 +181,13 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int, temperature:
             if n == block_size:  # no room for the new token: slide, keep the last `keep` tokens
                 window = window[:, -keep:]
                 positions = torch.arange(keep, device=device) if use_kv_cache else None  # prefilled again at 0..
-                logits, _ = model(window, input_pos=positions, last_only=True)
+                logits = forward(window, input_pos=positions, last_only=True)
             elif decode is not None:
                 logits = decode(token[:, None], torch.tensor([n], device=device))
             elif use_kv_cache:
-                logits, _ = model(token[:, None], input_pos=torch.tensor([n], device=device))
+                logits = forward(token[:, None], input_pos=torch.tensor([n], device=device))
             else:
-                logits, _ = model(window, last_only=True)
+                logits = forward(window, last_only=True)
     finally:
         if use_kv_cache:
             model.clear_kv_cache()
@@ -234,12 +256,17 @@ def compile_repays(model: GPT, batch_size: int, new_tokens: int,
     alone), both timed here on this machine (`timings`: model, batch -> the two, in seconds; step_timings by
     default), and only if that exceeds what a compile costs at the least (CPU_COMPILE_FLOOR_S). An eager step on
     prepacked weights (model/packed.py) may already be faster than the compiled code's matmuls alone: then nothing
-    can be saved. Already compiled for this model in this process: repays. On a GPU the step is a CUDA graph,
-    whose saving (a launch per kernel) this does not model: repays."""
-    if model.tok_emb.weight.device.type != "cpu":
-        return True, "a GPU step is captured as a CUDA graph"
+    can be saved. Already compiled for this model in this process: repays.
+    On a GPU the compiled step is a CUDA graph, whose kernels this does not time: it can save at most the whole
+    eager step, new_tokens x eager step, against CUDA_COMPILE_FLOOR_S (`timings` there gives the matmuls as 0)."""
     if model.__dict__.get("_compiled_decode") is not None:
         return True, "already compiled in this process"
+    if model.tok_emb.weight.device.type == "cuda":
+        eager_s = (timings or (lambda m, b: (eager_step_seconds(m, b), 0.0)))(model, batch_size)[0]
+        saving_s = new_tokens * eager_s
+        return saving_s > CUDA_COMPILE_FLOOR_S, (
+            f"an eager step takes {eager_s * 1e3:.2f} ms, so a CUDA graph can save at most {saving_s:.2f} s over "
+            f"{new_tokens} tokens, against a compile of at least {CUDA_COMPILE_FLOOR_S:g} s on a GPU")
     eager_s, matmuls_s = (timings or step_timings)(model, batch_size)
     saving_s = new_tokens * max(0.0, eager_s - matmuls_s)
     why = (f"an eager step takes {eager_s * 1e3:.2f} ms and the matmuls compiled code would run {matmuls_s * 1e3:.2f} "
@@ -255,19 +282,23 @@ def step_timings(model: GPT, batch_size: int) -> tuple[float, float]:
 
 def eager_step_seconds(model: GPT, batch_size: int, clock: Callable[[], float] = time.perf_counter) -> float:
     """The best of TIMED_STEPS eager one-token decode steps through a KV cache, as generate runs them, after a
-    one-token prefill (a cache of TIMED_STEPS + 2 slots, then cleared)."""
+    one-token prefill (a cache of TIMED_STEPS + 2 slots, then cleared); on a GPU each step waited for."""
     was_training = model.training
     model.eval()
     device = model.tok_emb.weight.device
     token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
+    wait = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     try:
         model.setup_kv_cache(batch_size, min(model.config.block_size, TIMED_STEPS + 2))
-        model(token, input_pos=torch.tensor([0], device=device), last_only=True)
-        best = float("inf")
-        for pos in range(1, min(model.config.block_size, TIMED_STEPS + 1)):
-            t0 = clock()
-            model(token, input_pos=torch.tensor([pos], device=device))
-            best = min(best, clock() - t0)
+        with eager_attention_kernels(device):
+            model(token, input_pos=torch.tensor([0], device=device), last_only=True)
+            best = float("inf")
+            for pos in range(1, min(model.config.block_size, TIMED_STEPS + 1)):
+                wait()
+                t0 = clock()
+                model(token, input_pos=torch.tensor([pos], device=device))
+                wait()
+                best = min(best, clock() - t0)
     finally:
         model.clear_kv_cache()
         model.train(was_training)

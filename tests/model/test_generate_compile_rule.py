@@ -1,14 +1,16 @@
 """model.generate.compile_repays: a CPU compile of the decode step is taken only when the most it can save in
-this generation, tokens x (eager step - its matmuls alone), exceeds what a compile costs at the least."""
+this generation, tokens x (eager step - its matmuls alone), exceeds what a compile costs at the least; a GPU one
+(a CUDA graph) only when tokens x the whole eager step exceeds what a GPU compile costs at the least."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from model import GPT, ModelConfig
-from model.generate import (CPU_COMPILE_FLOOR_S, compile_repays, compiled_matmul_seconds, eager_step_seconds,
+from model.generate import (CPU_COMPILE_FLOOR_S, CUDA_COMPILE_FLOOR_S, compile_repays, compiled_matmul_seconds, eager_step_seconds,
                             generate)
 
 
@@ -28,6 +30,20 @@ def test_repays_only_when_the_bound_on_the_saving_exceeds_the_compile(eager_ms, 
     got, why = compile_repays(tiny(), 1, tokens, timings=lambda model, batch: (eager_ms / 1e3, matmuls_ms / 1e3))
     assert got is repays
     assert f"{eager_ms:.2f} ms" in why and f"{matmuls_ms:.2f} ms" in why and f"{tokens} tokens" in why
+
+
+@pytest.mark.parametrize("eager_ms, tokens, repays", [
+    (4.0, 128, False),  # GPT-2 small's eager step on an H200: 0.5 s to save, against a compile of seconds
+    (4.0, round(CUDA_COMPILE_FLOOR_S / 0.004), False),  # exactly the floor: not more
+    (4.0, round(CUDA_COMPILE_FLOOR_S / 0.004) + 1, True),
+    (40.0, 1000, True),
+])
+def test_on_a_gpu_the_whole_eager_step_is_the_most_a_cuda_graph_saves(eager_ms, tokens, repays):
+    # compile_repays reads the model's device and what it keeps on itself: a stand-in for a CUDA model
+    on_cuda = SimpleNamespace(tok_emb=SimpleNamespace(weight=SimpleNamespace(device=torch.device("cuda"))))
+    got, why = compile_repays(on_cuda, 1, tokens, timings=lambda model, batch: (eager_ms / 1e3, 0.0))
+    assert got is repays
+    assert f"{eager_ms:.2f} ms" in why and f"{tokens} tokens" in why and f"{CUDA_COMPILE_FLOOR_S:g} s" in why
 
 
 def test_the_batch_reaches_the_timings_and_a_compiled_model_repays():
