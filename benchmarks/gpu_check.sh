@@ -29,7 +29,8 @@
 #   3b. FSDP2 on the GPU at the 124M shape: configs/gpt2-124m.yaml through a single-process torchrun with
 #      train.parallel=fsdp (bf16 params, fp32 reduce), on the carried char data with model.vocab_size=50304,
 #      6 steps, one eval, a sharded (DCP) latest/ and consolidated best/ + latest/ in /tmp/fsdp-gpu; then
-#      sample.py reads the consolidated checkpoint on CUDA
+#      sample.py reads the consolidated checkpoint on CUDA, and decodes 512 tokens in bf16 eagerly and with
+#      --compile (whose rule, model.generate.compile_repays, says whether it compiled)
 #   4. benchmarks/train_throughput.py at GPT-2 small (124M: vocab 50304, block 1024, 12 layers, 12 heads,
 #      width 768, batch 16) on CUDA: nanoGPT's model (benchmarks/nanogpt_reference.py) fp32 eager and as its train.py
 #      runs on a GPU (bf16 autocast, compile, fused AdamW) vs attngpt in fp32 and in bf16 autocast with flash SDPA
@@ -113,6 +114,12 @@ print("imports OK without datasets and wandb")'
         eval.interval=6 eval.iters=2 attn.layers=[0] wandb.mode=disabled out_dir=/tmp/fsdp-gpu
     step "sample the FSDP checkpoint" 60 "$PY" sample.py --ckpt /tmp/fsdp-gpu --device cuda --prompt "ROMEO:" \
         --max-new-tokens 32
+    # eager bf16 decoding of the 124M model as a user runs it (each token a new key length), then --compile
+    # (compile_repays decides: its note says why it compiles or not); their tokens/s lines, compile included
+    step "sample.py bf16 eager 124M" 60 "$PY" sample.py --ckpt /tmp/fsdp-gpu --device cuda --dtype bfloat16 \
+        --prompt "ROMEO:" --max-new-tokens 512
+    step "sample.py bf16 --compile 124M" 90 "$PY" sample.py --ckpt /tmp/fsdp-gpu --device cuda --dtype bfloat16 \
+        --prompt "ROMEO:" --max-new-tokens 512 --compile
 
     # 4. training throughput at GPT-2 small, bf16 + flash SDPA + compile vs the fp32 eager reference
     step "train_throughput 124M" 270 "$PY" benchmarks/train_throughput.py --device cuda \
