@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu_check.sh: the GPU checks of attngpt in one run, for a lent CUDA machine (made for one H200; ~6-8 min).
+# gpu_check.sh: the GPU checks of attngpt in one run, for a lent CUDA machine (made for one H200; ~7-9 min).
 #
 #   bash benchmarks/gpu_check.sh            (from anywhere; it cd's to the repository root)
 #
@@ -17,11 +17,13 @@
 #     text, and would try to download it). Prepare it here first if needed: python -m data.prepare configs/small.yaml
 #   - the prepared folder's fingerprint holds file names, sizes and sampled content hashes (no absolute
 #     paths or mtimes), so the carried copy is recognised and reused as it is.
+#   - no tiktoken files: copy GPT-2's BPE cache into data/cache/tiktoken/ before the call (cp $TIKTOKEN_CACHE_DIR/*
+#     data/cache/tiktoken/, ~1.5 MB), carried with data/cache; the script points TIKTOKEN_CACHE_DIR there.
 #   - the machine's python3 holds PyTorch (no venv); the repository is not pip-installed there: every
 #     command runs from the repository root, which puts it on sys.path. PYTHON=... overrides the interpreter.
 #
 # Steps (each one continues on failure, "FAILED <step>" is logged, the exit status counts the failures;
-# each has its own time limit, and all of them share a deadline of GPU_CHECK_BUDGET_S seconds, 480 by default):
+# each has its own time limit, and all of them share a deadline of GPU_CHECK_BUDGET_S seconds, 540 by default):
 #   0. nvidia-smi; torch, CUDA and the GPU as PyTorch sees them
 #   1. python -c 'import training.trainer, train, sample' with datasets and wandb absent
 #   2. re-stamp the carried prepared data for this machine (see above)
@@ -40,7 +42,8 @@
 #   6. benchmarks/sample_speed.py on CUDA in bf16: tokens/s with and without the KV cache at 64/256/1024 tokens
 #      of context, ms/token at positions 10 and 1000, cache bytes; appended to RESULTS.md
 #   6b. benchmarks/sample_vs_hf.py on CUDA at GPT-2 124M in bf16: attngpt eager and compiled decode vs transformers'
-#      generate, identical weights (needs transformers there), beside the limits (bytes/token, HBM bandwidth, matmul floor)
+#      generate, identical weights (needs transformers there), beside the limits (bytes/token, HBM bandwidth, matmul
+#      floor), and sample.py itself in fresh processes (--through-sample-py: needs GPT-2's BPE files, see below)
 #   7. torch.profiler's top 25 CUDA ops of the bf16 compiled 124M training step (for explaining where time goes)
 #   8. copy benchmarks/RESULTS.md, the small run's and the FSDP run's metrics.jsonl to $OUT
 # Everything, commands included (set -x), is logged to $OUT/gpu_check.log if $OUT is set, else ./gpu_check.log.
@@ -50,9 +53,11 @@ OUT_DIR="${OUT:-.}"
 mkdir -p "$OUT_DIR"
 LOG="$OUT_DIR/gpu_check.log"
 PY="${PYTHON:-python3}"
-BUDGET="${GPU_CHECK_BUDGET_S:-480}"
+BUDGET="${GPU_CHECK_BUDGET_S:-540}"
 
 export WANDB_MODE=disabled HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+# GPT-2's BPE files, carried (sample_vs_hf --through-sample-py saves its 50304-token model with that tokenizer)
+[[ -d data/cache/tiktoken ]] && export TIKTOKEN_CACHE_DIR="$PWD/data/cache/tiktoken"
 
 FAILED=()
 
@@ -138,8 +143,8 @@ print("imports OK without datasets and wandb")'
     step "sample_speed cuda bf16" 90 "$PY" benchmarks/sample_speed.py --device cuda --dtype bfloat16 --reps 2
 
     # 6b. sampling against Hugging Face generate with identical weights (eager and compiled decode, CUDA graphs)
-    step "sample_vs_hf cuda" 150 "$PY" benchmarks/sample_vs_hf.py --device cuda --dtype bfloat16 --shapes gpt2-124m \
-        --new-tokens 128,512 --rounds 2
+    step "sample_vs_hf cuda" 180 "$PY" benchmarks/sample_vs_hf.py --device cuda --dtype bfloat16 --shapes gpt2-124m \
+        --new-tokens 128,512 --rounds 2 --through-sample-py
 
     # 7. where the time of a compiled bf16 124M step goes
     step "profile 124M bf16 compile" 120 "$PY" benchmarks/train_throughput.py --device cuda \

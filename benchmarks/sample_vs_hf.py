@@ -117,7 +117,8 @@ def sample_py_rates(ours: GPT, prompt: torch.Tensor, n_new: int, runs: dict[str,
     process per run: `runs` names each run's own sample.py flags (--dtype, --quantize), and every round runs
     each once, in turn (one later each round), `after_each` called after each round with the rates so far. The
     model is saved to a temporary folder with a tokenizer of its vocabulary (GPT-2's BPE for 50304 tokens, else
-    characters), the prompt the text of the prompt's ids. Returns {run name: tokens/s of each round}."""
+    characters), the prompt the text of the prompt's ids; sample.py decodes on the model's device. Returns
+    {run name: tokens/s of each round}."""
     from data.tokenizer import CharTokenizer, TiktokenTokenizer
     from pretrained.checkpoint import save_model
     vocab = ours.config.vocab_size
@@ -132,7 +133,7 @@ def sample_py_rates(ours: GPT, prompt: torch.Tensor, n_new: int, runs: dict[str,
         for r in range(rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:
                 done = subprocess.run([sys.executable, str(_report.REPO / "sample.py"), "--ckpt", folder, "--prompt",
-                                       text, "--temperature", "0", "--max-new-tokens", str(n_new), "--device", "cpu",
+                                       text, "--temperature", "0", "--max-new-tokens", str(n_new), "--device", str(ours.tok_emb.weight.device),
                                        *runs[name]],
                                       capture_output=True, text=True, cwd=_report.REPO,
                                       env={**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())})
@@ -201,7 +202,7 @@ def measure(shape: str, n_new: int, args: argparse.Namespace, device: torch.devi
               + ", ".join(f"{n} {n_new / seconds[n][-1]:.1f} tok/s" for n in VARIANTS), flush=True)
     rate = {name: n_new / statistics.median(s) for name, s in seconds.items()}
     cli_rate = cli_floor_s = None
-    if args.through_sample_py and device.type == "cpu":
+    if args.through_sample_py:
         cli_floors: list[float] = []
         rates = sample_py_rates(ours, prompt, n_new, {"cli": ["--dtype", str(dtype).removeprefix("torch.")]},
                                 args.rounds, after_each=lambda _: cli_floors.append(_limits.matmul_floor_seconds(ours)))
@@ -261,7 +262,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--through-sample-py", action="store_true",
                         help="also run `python sample.py` on the same weights, --rounds processes, and report its own "
-                             "tokens/s line (CPU)")
+                             "tokens/s line (on --device: a fresh process, its first tokens included)")
     _report.save_flags(parser)
     args = parser.parse_args()
     with user_errors_exit("sample_vs_hf"):
@@ -315,7 +316,8 @@ def main() -> None:
             m.cli_rate is not None for m in measured) else []
         if cli:
             notes.append("sample.py: `python sample.py --ckpt TMP --prompt TEXT --temperature 0 --max-new-tokens N "
-                         f"--dtype {args.dtype}` on the same weights, one process per round, its own tokens/s line "
+                         f"--dtype {args.dtype} --device {device}` on the same weights, one process per round, its "
+                         "own tokens/s line "
                          "(generation only, prefill included), median.")
         tables = ["", *speed, "", *limits, *([""] + cli if cli else [])]
         print("\n".join(["", *notes, *tables]))
