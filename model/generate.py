@@ -24,9 +24,9 @@ from model.timing import best_seconds
 # cache, 6.2 s (23 s cold; GPT-2 small's 12 layers 27 s cold: benchmarks/RESULTS.md). A lower bound on what the
 # compile costs, so a generation that cannot save this much cannot repay it.
 CPU_COMPILE_FLOOR_S = 6.0
-# The same on a GPU, where the step is captured as a CUDA graph: GPT-2 small's on an H200 (torch 2.11), 17.8 s for
+# The same on a GPU (on CUDA the step is captured as a CUDA graph): GPT-2 small's on an H200 (torch 2.11), 17.8 s for
 # the first cache length in a process and 8.0 s for a second one (benchmarks/RESULTS.md)
-CUDA_COMPILE_FLOOR_S = 8.0
+GPU_COMPILE_FLOOR_S = 8.0
 TIMED_STEPS = 5  # eager decode steps timed by compile_repays (the best one counts)
 
 
@@ -257,16 +257,16 @@ def compile_repays(model: GPT, batch_size: int, new_tokens: int,
     default), and only if that exceeds what a compile costs at the least (CPU_COMPILE_FLOOR_S). An eager step on
     prepacked weights (model/packed.py) may already be faster than the compiled code's matmuls alone: then nothing
     can be saved. Already compiled for this model in this process: repays.
-    On a GPU the compiled step is a CUDA graph, whose kernels this does not time: it can save at most the whole
-    eager step, new_tokens x eager step, against CUDA_COMPILE_FLOOR_S (`timings` there gives the matmuls as 0)."""
+    On a GPU the compiled step (on CUDA a CUDA graph) runs kernels this does not time: it can save at most the whole
+    eager step, new_tokens x eager step, against GPU_COMPILE_FLOOR_S (only the eager step of `timings` is read)."""
     if model.__dict__.get("_compiled_decode") is not None:
         return True, "already compiled in this process"
-    if model.tok_emb.weight.device.type == "cuda":
-        eager_s = (timings or (lambda m, b: (eager_step_seconds(m, b), 0.0)))(model, batch_size)[0]
+    if model.tok_emb.weight.device.type != "cpu":
+        eager_s = timings(model, batch_size)[0] if timings else eager_step_seconds(model, batch_size)
         saving_s = new_tokens * eager_s
-        return saving_s > CUDA_COMPILE_FLOOR_S, (
+        return saving_s > GPU_COMPILE_FLOOR_S, (
             f"an eager step takes {eager_s * 1e3:.2f} ms, so a CUDA graph can save at most {saving_s:.2f} s over "
-            f"{new_tokens} tokens, against a compile of at least {CUDA_COMPILE_FLOOR_S:g} s on a GPU")
+            f"{new_tokens} tokens, against a compile of at least {GPU_COMPILE_FLOOR_S:g} s on a GPU")
     eager_s, matmuls_s = (timings or step_timings)(model, batch_size)
     saving_s = new_tokens * max(0.0, eager_s - matmuls_s)
     why = (f"an eager step takes {eager_s * 1e3:.2f} ms and the matmuls compiled code would run {matmuls_s * 1e3:.2f} "

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from model import GPT, ModelConfig
-from model.generate import (CPU_COMPILE_FLOOR_S, CUDA_COMPILE_FLOOR_S, compile_repays, compiled_matmul_seconds, eager_step_seconds,
+from model.generate import (CPU_COMPILE_FLOOR_S, GPU_COMPILE_FLOOR_S, compile_repays, compiled_matmul_seconds, eager_step_seconds,
                             generate)
 
 
@@ -34,8 +34,8 @@ def test_repays_only_when_the_bound_on_the_saving_exceeds_the_compile(eager_ms, 
 
 @pytest.mark.parametrize("eager_ms, tokens, repays", [
     (4.0, 128, False),  # GPT-2 small's eager step on an H200: 0.5 s to save, against a compile of seconds
-    (4.0, round(CUDA_COMPILE_FLOOR_S / 0.004), False),  # exactly the floor: not more
-    (4.0, round(CUDA_COMPILE_FLOOR_S / 0.004) + 1, True),
+    (4.0, round(GPU_COMPILE_FLOOR_S / 0.004), False),  # exactly the floor: not more
+    (4.0, round(GPU_COMPILE_FLOOR_S / 0.004) + 1, True),
     (40.0, 1000, True),
 ])
 def test_on_a_gpu_the_whole_eager_step_is_the_most_a_cuda_graph_saves(eager_ms, tokens, repays):
@@ -43,7 +43,7 @@ def test_on_a_gpu_the_whole_eager_step_is_the_most_a_cuda_graph_saves(eager_ms, 
     on_cuda = SimpleNamespace(tok_emb=SimpleNamespace(weight=SimpleNamespace(device=torch.device("cuda"))))
     got, why = compile_repays(on_cuda, 1, tokens, timings=lambda model, batch: (eager_ms / 1e3, 0.0))
     assert got is repays
-    assert f"{eager_ms:.2f} ms" in why and f"{tokens} tokens" in why and f"{CUDA_COMPILE_FLOOR_S:g} s" in why
+    assert f"{eager_ms:.2f} ms" in why and f"{tokens} tokens" in why and f"{GPU_COMPILE_FLOOR_S:g} s" in why
 
 
 def test_the_batch_reaches_the_timings_and_a_compiled_model_repays():
