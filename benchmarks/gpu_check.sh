@@ -126,7 +126,7 @@ print("imports OK without datasets and wandb")'
     step "sample.py bf16 --compile 124M" 90 "$PY" sample.py --ckpt /tmp/fsdp-gpu --device cuda --dtype bfloat16 \
         --prompt "ROMEO:" --max-new-tokens 512 --compile
 
-    # 4. training throughput at GPT-2 small, bf16 + flash SDPA + compile vs the fp32 eager reference
+    # 4. training throughput at GPT-2 small, bf16 + flash SDPA + compile vs nanoGPT in fp32 eager and as it runs on a GPU
     step "train_throughput 124M" 270 "$PY" benchmarks/train_throughput.py --device cuda \
         --vocab 50304 --block 1024 --batch 16 --layers 12 --heads 12 --width 768 \
         --variants nanogpt,nanogpt-bf16-compile,gpt2-sdpa-fp32,gpt2-sdpa-bf16,gpt2-sdpa-bf16-compile,modern-sdpa-bf16-compile,gpt2-auto \

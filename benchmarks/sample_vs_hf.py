@@ -128,12 +128,13 @@ def sample_py_rates(ours: GPT, prompt: torch.Tensor, n_new: int, runs: dict[str,
     names = list(runs)
     # what each run's speed line must name: a run that is not what was asked measures nothing
     quantized = {name: flags[flags.index("--quantize") + 1] for name, flags in runs.items() if "--quantize" in flags}
+    device = str(ours.tok_emb.weight.device)
     with tempfile.TemporaryDirectory() as folder:
         save_model(ours, folder, extra={"tokenizer": tokenizer.to_json()})
         for r in range(rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:
                 done = subprocess.run([sys.executable, str(_report.REPO / "sample.py"), "--ckpt", folder, "--prompt",
-                                       text, "--temperature", "0", "--max-new-tokens", str(n_new), "--device", str(ours.tok_emb.weight.device),
+                                       text, "--temperature", "0", "--max-new-tokens", str(n_new), "--device", device,
                                        *runs[name]],
                                       capture_output=True, text=True, cwd=_report.REPO,
                                       env={**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())})

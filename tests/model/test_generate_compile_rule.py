@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from model import GPT, ModelConfig
-from model.generate import (CPU_COMPILE_FLOOR_S, GPU_COMPILE_FLOOR_S, compile_repays, compiled_matmul_seconds, eager_step_seconds,
-                            generate)
+from model.generate import (CPU_COMPILE_FLOOR_S, GPU_COMPILE_FLOOR_S, compile_repays, compiled_matmul_seconds,
+                            eager_step_seconds, generate)
 
 
 def tiny() -> GPT:
