@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from common.device import resolve_device
 from common.errors import UserError
+from common.host_memory import keep_freed_memory
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -106,6 +107,8 @@ def setup_runtime(device_name: str, dtype: str) -> Runtime:
     """Single process, or one process of a `torchrun` group (RANK/WORLD_SIZE set): NCCL on CUDA, gloo on CPU."""
     env = distributed_env()
     device = resolve_device(device_name)
+    if device.type == "cpu":
+        keep_freed_memory()  # each step's activations reused, not faulted in again (common/host_memory.py)
     if env.world_size > 1:
         if device.type == "cuda":
             device = torch.device("cuda", env.local_rank)
