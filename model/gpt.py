@@ -256,15 +256,24 @@ class KVCache(nn.Module):
         k_cache, v_cache = self.k_cache, self.v_cache
         one_slot = k_cache.shape[:2] + (1,) + k_cache.shape[3:]  # what index_copy_ would accept for one position
         if k.shape == one_slot and k.device.type == "cpu" and not torch.compiler.is_compiling():
-            return self.write(int(input_pos), k[:, :, 0], v[:, :, 0])
+            return self._write_slot(int(input_pos), k[:, :, 0], v[:, :, 0])
         k_cache.index_copy_(2, input_pos, k.to(k_cache.dtype))
         v_cache.index_copy_(2, input_pos, v.to(v_cache.dtype))
         return k_cache, v_cache
 
-    def write(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Eager code's write of one position: k, v (B, n_kv_head, head_dim) into slot `slot`; returns the full
-        buffers as update does. copy_ converts to the cache's dtype as it writes, one kernel per tensor, where
-        index_copy_ needs a converted copy first (its source must have the buffer's dtype)."""
+    def write(self, input_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eager code's write of one position input_pos (1,): k, v (B, n_kv_head, head_dim), one row each, as a
+        decode step's projection gives them; returns the full buffers as update does. On a CPU the position is
+        read as a number and the rows copied into its slot; on an accelerator reading it would wait for the
+        device, so the rows go through update's index_copy_ with the position as a tensor."""
+        if k.device.type != "cpu":
+            return self.update(input_pos, k.unsqueeze(2), v.unsqueeze(2))
+        return self._write_slot(int(input_pos), k, v)
+
+    def _write_slot(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v (B, n_kv_head, head_dim) into slot `slot`. copy_ converts to the cache's dtype as it writes, one
+        kernel per tensor, where index_copy_ needs a converted copy first (its source must have the buffer's
+        dtype)."""
         k_cache, v_cache = self.k_cache, self.v_cache
         if not 0 <= slot < k_cache.shape[2]:
             raise IndexError(f"position {slot} is outside the cache's {k_cache.shape[2]} slots")
@@ -384,7 +393,7 @@ class CausalSelfAttention(nn.Module):
         n_qk = self.n_head + self.n_kv_head
         qkv = self.qkv_proj(x).view(B, 1, n_qk + self.n_kv_head, self.head_dim)  # (B, 1, heads of q|k|v, head_dim)
         qk = qkv[:, :, :n_qk] if rope is None else apply_rope(qkv[:, :, :n_qk], rope)
-        k, v = self.kv_cache.write(int(input_pos), qk[:, 0, self.n_head:], qkv[:, 0, n_qk:])  # (B, n_kv, D) rows
+        k, v = self.kv_cache.write(input_pos, qk[:, 0, self.n_head:], qkv[:, 0, n_qk:])  # (B, n_kv, D) rows
         k, v = k[:, :, :kv_len], v[:, :, :kv_len]  # (B, n_kv_head, kv_len, head_dim)
         q = qk[:, :, :self.n_head].transpose(1, 2)  # (B, n_head, 1, head_dim)
         wide_cache = k.dtype == torch.float32 and q.dtype != torch.float32  # attended in float32, as stored

@@ -79,11 +79,22 @@ def test_kv_cache_write_refuses_a_slot_outside_the_buffer_and_leaves_it_unchange
     row = torch.ones(1, 2, 3)
     for outside in (4, -1):
         with pytest.raises(IndexError):
-            cache.write(outside, row, row)
+            cache.write(torch.tensor([outside]), row, row)
     assert not cache.k_cache.any() and not cache.v_cache.any()
-    cache.write(3, row, 2 * row)
+    cache.write(torch.tensor([3]), row, 2 * row)
     assert torch.equal(cache.k_cache[:, :, 3], row) and torch.equal(cache.v_cache[:, :, 3], 2 * row)
     assert not cache.k_cache[:, :, :3].any()
+
+
+def test_kv_cache_write_on_an_accelerator_goes_through_update_without_reading_the_position(monkeypatch):
+    """Off a CPU, write hands the rows to update as one position (B, n_kv_head, 1, head_dim) with the position
+    still a tensor: int() of a device tensor would wait for the device at every layer of every token."""
+    cache = KVCache(2, 2, 4, 3)
+    seen = []
+    monkeypatch.setattr(KVCache, "update", lambda self, pos, k, v: seen.append((pos, k.shape, v.shape)) or "updated")
+    k = torch.ones(2, 2, 3, device="meta")  # a tensor off the CPU; int() of it would raise
+    assert cache.write(torch.tensor([1], device="meta"), k, k) == "updated"
+    assert len(seen) == 1 and seen[0][0].device.type == "meta" and seen[0][1] == seen[0][2] == (2, 2, 1, 3)
 
 
 @pytest.mark.parametrize("attn_impl, expected_per_token", [("sdpa", 1), ("manual", 0)])
