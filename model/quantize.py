@@ -19,15 +19,16 @@ Two modes, both with these weights:
                    then within s / (2B) = max|row| / 64516 of x (/ 15876 at 7-bit digits): finer than bfloat16's
                    own rounding (|x| / 512) for every entry within a factor 126 of the row's largest. Both digit
                    rows of every token go through one FBGEMM int8 product (torch.ops.quantized.linear_with_input_
-                   q_dq_qweight_dq_output_fp32, u8 codes around zero point D + 1, exact in int32, the weights'
-                   scales applied inside): y = s * (W h + W l / B) + b in float32, one read of the int8 weights for
-                   both digits. Code being compiled (Inductor does not lower that op) and a bfloat16 input where
-                   this torch has no FBGEMM run torch.ops.aten._weight_int8pack_mm on the bfloat16 row instead
-                   (int8 weights converted on the fly, float accumulation, times the per-row scales); any other
-                   input (float32 there, another device) runs F.linear on the dequantized weight in the input's
-                   dtype: the same numbers, no special kernel. _weight_int8pack_mm's AVX-512 loop reads each row
-                   16 values at a time with no tail: on torch 2.13 in_features 24 gave garbage and 7 crashed the
-                   process, so a layer whose in_features is not a multiple of 16 is refused at quantize time.
+                   q_dq_qweight_dq_output_fp32 on the digits at scale 1, u8 codes around zero point D + 1, exact
+                   in int32, the weights' scales applied inside; the row's scale s and the bias after): y = s * (W h
+                   + W l / B) + b in float32, one read of the int8 weights for both digits. Code being compiled
+                   (Inductor does not lower that op) and a bfloat16 input where this torch has no FBGEMM run
+                   torch.ops.aten._weight_int8pack_mm on the bfloat16 row instead (int8 weights converted on the
+                   fly, float accumulation, times the per-row scales); any other input (float32 there, another
+                   device) runs F.linear on the dequantized weight in the input's dtype: the same numbers, no
+                   special kernel. _weight_int8pack_mm's AVX-512 loop reads each row 16 values at a time with no
+                   tail: on torch 2.13 in_features 24 gave garbage and 7 crashed the process, so a layer whose
+                   in_features is not a multiple of 16 is refused at quantize time.
     int8-dynamic   weights AND activations in int8: each activation row (one token) is quantized at run time to
                    uint8 with its own scale and zero point over [min(row, 0), max(row, 0)] (asymmetric: 256 levels
                    between the row's extremes, 0.0 exactly representable), and the product runs on integers. This
@@ -281,15 +282,17 @@ class Int8Linear(nn.Module):
         self.register_buffer("scales_bf16", scales.to(torch.bfloat16), persistent=False)
         self.register_buffer("scales_f32", scales.float(), persistent=False)
         self._onednn_weight = None  # int8-dynamic: oneDNN's packed weight (an opaque mkldnn tensor, not a buffer)
-        self._fbgemm_weight = None  # FBGEMM's packed weight (an opaque object, not a buffer); int8: bias x B / (B + 1)
+        self._fbgemm_weight = None  # FBGEMM's packed weight (an opaque object, not a buffer), without the bias for int8
         if mode == "int8" and weight_int8.device.type == "cpu" and digit_levels() is not None:
             self.levels = digit_levels()
             self._digit_op = getattr(torch.ops.quantized, DIGIT_KERNEL)  # looked up once, not at every call
-            base = self.levels - 2
-            self._digit_sum = torch.tensor([[1.0, 1.0 / base]])  # (1, 2): a decode step's two digits, summed
-            self._digit_base = torch.tensor(float(base))  # B: a Python number is made a tensor at every call
-            self._fbgemm_weight = _fbgemm_prepack(self.weight_int8, self.scales_f32,
-                                                  None if bias is None else bias.float() * (base / (base + 1)))
+            self._digit_sum = torch.tensor([[1.0, 1.0 / (self.levels - 2)]])  # (1, 2): a step's two digits, summed
+            # a decode step's two digit rows (2, in), written in place at every one-row call (a layer runs one call at a
+            # time), and its two rows as views
+            self._digit_rows = torch.empty(2, self.in_features)
+            self._first_digit, self._second_digit = self._digit_rows[0:1], self._digit_rows[1:2]
+            self._bias_row = None if bias is None else bias.detach().float().reshape(1, -1)  # (1, out), added after
+            self._fbgemm_weight = _fbgemm_prepack(self.weight_int8, self.scales_f32, None)
         if mode == "int8-dynamic":
             # sum_k q_nk per output channel (out,): the zero point's share of the integer product
             self.register_buffer("row_sums", weight_int8.sum(dim=1, dtype=torch.int32), persistent=False)
@@ -338,31 +341,31 @@ class Int8Linear(nn.Module):
 
     def _digits(self, x: torch.Tensor) -> torch.Tensor:
         """Weight-only int8 on FBGEMM: each row of x as two int8 digits, both in one product (module doc). The
-        packed bias is b * B / (B + 1): the kernel adds it to both digits' products, and y = first + second / B."""
+        kernel gets the digits themselves at scale 1 (h exactly, and (u - h) x B, which it rounds to l) and a weight
+        packed without the bias: y = s (W h + W l / B) + b, the row's scale and the bias applied after."""
         rows = x.reshape(-1, self.in_features)
-        digit_op, zero = self._digit_op, self.levels // 2
+        digit_op, zero, base = self._digit_op, self.levels // 2, self.levels - 2
         if rows.shape[0] == 1:
-            # a decode step, ~50 of them a token, in as few ops as can be (each op ~2-5 us here, the product
-            # ~60): the row's scale is the kernel's own, its first digit goes in as s * h, which the kernel
-            # divides back to exactly h, and one (1, 2) x (2, out) product sums the digits' outputs
+            # a decode step, ~50 of them a token, in as few ops as can be: each op costs a few microseconds here
+            # and more after the weights a matmul streamed have emptied the caches, beside ~70 for the product
             low, high = torch.aminmax(rows)  # max|row| = max(-min, max): one reduction, faster here than the inf-norm
             # at least float32's smallest normal number, so that 1 / scale is finite: an all-zero row's digits are 0
             scale = max(max(-float(low), float(high), 0.0) / (zero - 1), FLOAT32_TINY)
-            row = rows.float()
-            # s * h with |h| <= D (|row| <= D s): three small ops, together half the time of fake_quantize's one
-            # (~16 us for a row of 3072 on a 2-core EPYC: it also builds a clamp mask); the second digit is what
-            # is left of the row, so the bound holds whichever way a tie rounds
-            coarse = row.mul(1.0 / scale).round_().mul_(scale)  # (1, in)
-            products = digit_op(torch.cat([coarse, torch.sub(row, coarse).mul_(self._digit_base)]), scale, zero,
-                                self._fbgemm_weight)  # (2, out): W h + b', W l + b'
-            y = torch.mm(self._digit_sum, products)  # (1, out): W h + W l / B + b
+            first, second = self._first_digit, self._second_digit  # (1, in) each, rows of self._digit_rows
+            torch.mul(rows.float(), 1.0 / scale, out=second)  # u = row / s, |u| <= D
+            torch.round(second, out=first)  # h
+            second.sub_(first).mul_(base)  # (u - h) x B, |.| <= D: what is left of the row, whichever way a tie rounds
+            products = digit_op(self._digit_rows, 1.0, zero, self._fbgemm_weight)  # (2, out): W h, W l
+            y = (torch.mm(self._digit_sum, products).mul_(scale) if self._bias_row is None
+                 else torch.addmm(self._bias_row, self._digit_sum, products, alpha=scale))  # (1, out)
         else:
             # several rows (a prefill, a batch): one product of all their digits, each row scaled after
             digits, scales = split_digits(rows, self.levels)  # (2N, in), (N, 1)
-            products = digit_op(digits, 1.0, zero, self._fbgemm_weight)  # (2N, out): W h + b', W l + b'
+            products = digit_op(digits, 1.0, zero, self._fbgemm_weight)  # (2N, out): W h, W l
             n = rows.shape[0]
-            y = torch.add(products[:n], products[n:], alpha=1.0 / (self.levels - 2))  # W (h + l / B) + b
-            y = y.mul_(scales) if self.bias is None else y.sub_(self.bias).mul_(scales).add_(self.bias)
+            y = torch.add(products[:n], products[n:], alpha=1.0 / base).mul_(scales)  # W (h + l / B) s
+            if self._bias_row is not None:
+                y = y.add_(self._bias_row)
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
     def run(self, x: torch.Tensor, one_row_kernels: bool) -> torch.Tensor:
