@@ -345,7 +345,7 @@ class Int8Linear(nn.Module):
         packed without the bias: y = s (W h + W l / B) + b, the row's scale and the bias applied after."""
         rows = x.reshape(-1, self.in_features)
         digit_op, zero, base = self._digit_op, self.levels // 2, self.levels - 2
-        if rows.shape[0] == 1:
+        if rows.shape[0] == 1 and not rows.requires_grad:  # out= writes take no part in autograd
             # a decode step, ~50 of them a token, in as few ops as can be: each op costs a few microseconds here
             # and more after the weights a matmul streamed have emptied the caches, beside ~70 for the product
             low, high = torch.aminmax(rows)  # max|row| = max(-min, max): one reduction, faster here than the inf-norm

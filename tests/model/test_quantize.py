@@ -181,6 +181,24 @@ def test_forward_equals_f_linear_on_the_dequantized_weight(mode, bias, shape):
         assert bool((err.abs() <= tolerance + 1e-6).all()), (mode, dtype, float(err.abs().max()))
 
 
+@pytest.mark.parametrize("mode", ["int8", "int8-dynamic"])
+def test_a_row_that_requires_grad_gives_the_no_grad_numbers(mode):
+    """A quantized model called outside no_grad (its float embeddings make every row require grad): the one-row
+    decode path writes its digits in place, which autograd refuses, so such a row takes the general path, to the
+    same numbers."""
+    gen = torch.Generator().manual_seed(3)
+    linear = nn.Linear(32, 24)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(24, 32, generator=gen) * 0.1)
+    layer = Int8Linear.from_linear(linear, mode)
+    x = torch.randn(1, 1, 32, generator=gen)
+    with torch.no_grad():
+        expected = layer(x)
+    with torch.enable_grad():
+        got = layer(x.clone().requires_grad_())
+    torch.testing.assert_close(got.detach(), expected, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("one_row_kernel", ["fbgemm", "onednn"])
 def test_dynamic_mode_is_per_token_in_every_kernel(monkeypatch, one_row_kernel):
     """One row (FBGEMM, or oneDNN where FBGEMM is absent), several rows (torch._int_mm) and the plain-float
