@@ -291,6 +291,10 @@ class Int8Linear(nn.Module):
             # time), and its two rows as views
             self._digit_rows = torch.empty(2, self.in_features)
             self._first_digit, self._second_digit = self._digit_rows[0:1], self._digit_rows[1:2]
+            # the one-row step's two multipliers as float32 tensors: a Python number given to mul is wrapped into a
+            # new tensor and cast at every call, ~1.5 us each here (a layer runs one call at a time)
+            self._inverse_scale = torch.zeros(())  # 1 / the row's scale, filled at every one-row call
+            self._digit_base = torch.tensor(float(self.levels - 2))  # B
             self._bias_row = None if bias is None else bias.detach().float().reshape(1, -1)  # (1, out), added after
             self._fbgemm_weight = _fbgemm_prepack(self.weight_int8, self.scales_f32, None)
         if mode == "int8-dynamic":
@@ -331,6 +335,8 @@ class Int8Linear(nn.Module):
         """x (..., in) -> (..., out) in x's dtype."""
         if self._fbgemm_weight is not None and not torch.compiler.is_compiling():
             if self.mode == "int8":
+                if x.numel() == self.in_features and not x.requires_grad:  # out= writes take no part in autograd
+                    return self._digit_row(x)
                 return self._digits(x)
             if x.numel() == self.in_features:
                 # one token (a batch-1 decode step), first and with as little Python as can be, ~50 of them a
@@ -339,33 +345,38 @@ class Int8Linear(nn.Module):
                 return torch.ops.quantized.linear_dynamic(x.float(), self._fbgemm_weight, self.levels < 256).to(x.dtype)
         return self.run(x, one_row_kernels=not torch.compiler.is_compiling())
 
+    def _digit_row(self, x: torch.Tensor) -> torch.Tensor:
+        """_digits for one row (a decode step, ~50 of them a token), in as few ops and as little Python as can be:
+        each op costs a few microseconds here and more after the weights a matmul streamed have emptied the caches,
+        beside ~70 for the product. The two digit rows are written in place into self._digit_rows."""
+        row = x.reshape(1, self.in_features).float()  # (1, in); float32 first: u computed in bfloat16 would lose bits
+        low, high = torch.aminmax(row)  # max|row| = max(-min, max): one reduction, faster here than the inf-norm
+        # at least float32's smallest normal number, so that 1 / scale is finite: an all-zero row's digits are 0
+        scale = max(max(-float(low), float(high), 0.0) / (self.levels // 2 - 1), FLOAT32_TINY)
+        first, second = self._first_digit, self._second_digit  # (1, in) each
+        torch.mul(row, self._inverse_scale.fill_(1.0 / scale), out=second)  # u = row / s, |u| <= D
+        torch.round(second, out=first)  # h
+        second.sub_(first).mul_(self._digit_base)  # (u - h) x B, |.| <= D: what is left, whichever way a tie rounds
+        products = self._digit_op(self._digit_rows, 1.0, self.levels // 2, self._fbgemm_weight)  # (2, out): W h, W l
+        y = (torch.mm(self._digit_sum, products).mul_(scale) if self._bias_row is None
+             else torch.addmm(self._bias_row, self._digit_sum, products, alpha=scale))  # (1, out)
+        y = y if x.dtype == torch.float32 else y.to(x.dtype)
+        # back to x's leading dims, all ones: a decode step's (1, 1, in) by unsqueeze, ~1 us against 2-3 for view's
+        # parsing of a size
+        return y.unsqueeze(0) if x.dim() == 3 else y.view(*x.shape[:-1], self.out_features)
+
     def _digits(self, x: torch.Tensor) -> torch.Tensor:
-        """Weight-only int8 on FBGEMM: each row of x as two int8 digits, both in one product (module doc). The
+        """Weight-only int8 on FBGEMM: each row of x as two int8 digits, all in one product (module doc). The
         kernel gets the digits themselves at scale 1 (h exactly, and (u - h) x B, which it rounds to l) and a weight
-        packed without the bias: y = s (W h + W l / B) + b, the row's scale and the bias applied after."""
+        packed without the bias: y = s (W h + W l / B) + b, each row's scale and the bias applied after. One row
+        that takes no gradient goes to _digit_row."""
         rows = x.reshape(-1, self.in_features)
-        digit_op, zero, base = self._digit_op, self.levels // 2, self.levels - 2
-        if rows.shape[0] == 1 and not rows.requires_grad:  # out= writes take no part in autograd
-            # a decode step, ~50 of them a token, in as few ops as can be: each op costs a few microseconds here
-            # and more after the weights a matmul streamed have emptied the caches, beside ~70 for the product
-            low, high = torch.aminmax(rows)  # max|row| = max(-min, max): one reduction, faster here than the inf-norm
-            # at least float32's smallest normal number, so that 1 / scale is finite: an all-zero row's digits are 0
-            scale = max(max(-float(low), float(high), 0.0) / (zero - 1), FLOAT32_TINY)
-            first, second = self._first_digit, self._second_digit  # (1, in) each, rows of self._digit_rows
-            torch.mul(rows.float(), 1.0 / scale, out=second)  # u = row / s, |u| <= D
-            torch.round(second, out=first)  # h
-            second.sub_(first).mul_(base)  # (u - h) x B, |.| <= D: what is left of the row, whichever way a tie rounds
-            products = digit_op(self._digit_rows, 1.0, zero, self._fbgemm_weight)  # (2, out): W h, W l
-            y = (torch.mm(self._digit_sum, products).mul_(scale) if self._bias_row is None
-                 else torch.addmm(self._bias_row, self._digit_sum, products, alpha=scale))  # (1, out)
-        else:
-            # several rows (a prefill, a batch): one product of all their digits, each row scaled after
-            digits, scales = split_digits(rows, self.levels)  # (2N, in), (N, 1)
-            products = digit_op(digits, 1.0, zero, self._fbgemm_weight)  # (2N, out): W h, W l
-            n = rows.shape[0]
-            y = torch.add(products[:n], products[n:], alpha=1.0 / base).mul_(scales)  # W (h + l / B) s
-            if self._bias_row is not None:
-                y = y.add_(self._bias_row)
+        digits, scales = split_digits(rows, self.levels)  # (2N, in), (N, 1)
+        products = self._digit_op(digits, 1.0, self.levels // 2, self._fbgemm_weight)  # (2N, out): W h, W l
+        n = rows.shape[0]
+        y = torch.add(products[:n], products[n:], alpha=1.0 / (self.levels - 2)).mul_(scales)  # W (h + l / B) s
+        if self._bias_row is not None:
+            y = y.add_(self._bias_row)
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
     def run(self, x: torch.Tensor, one_row_kernels: bool) -> torch.Tensor:
