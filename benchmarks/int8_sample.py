@@ -235,8 +235,10 @@ def kernel_report(build, label: str, args: argparse.Namespace) -> None:
                                            "head": lambda: head_layer(head_row)}, rounds=args.rounds, calls=3,
                                           warmup=2)
         block_bytes = sum(_limits.stored_bytes(layer) for layer in layers)
-        table.append(f"| {name} | {seconds['blocks'] * 1e3:.2f} | {block_bytes / seconds['blocks'] / 1e9:.1f} | "
-                     f"{seconds['head'] * 1e3:.2f} | {_limits.stored_bytes(head_layer) / seconds['head'] / 1e9:.1f} |")
+        # three significant digits, not fixed decimals: a small shape's head takes ~0.01 ms and moves ~0.1 GB/s,
+        # which two decimals would print as a zero on a faster machine
+        table.append(f"| {name} | {seconds['blocks'] * 1e3:.3g} | {block_bytes / seconds['blocks'] / 1e9:.3g} | "
+                     f"{seconds['head'] * 1e3:.3g} | {_limits.stored_bytes(head_layer) / seconds['head'] / 1e9:.3g} |")
     machine_line = int8_machine_line()
     notes = [f"{label}: {len(blocks)} block matmuls, each its own weight, called in turn at one row (1, in), and "
              f"the {head.out_features} x {head.in_features} LM head; median of {args.rounds} interleaved rounds of 3 "
