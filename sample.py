@@ -28,6 +28,7 @@ from pathlib import Path
 
 from common import console
 from common.errors import ArgumentParser, UserError, out_of_memory, user_errors_exit
+from common.huge_pages import restart_in_huge_pages
 from common.paths import path_argument, path_text_argument
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "small.yaml"
@@ -311,4 +312,5 @@ class StreamPrinter:
 
 
 if __name__ == "__main__":
+    restart_in_huge_pages("sample.py")  # the weights in 2 MB pages: decoding streams them all (common/huge_pages.py)
     sys.exit(main())

@@ -61,6 +61,16 @@ def package_version(name: str) -> str:
         return "not installed"
 
 
+def page_sizes() -> str:
+    """'transparent huge pages M, malloc in 2 MB pages' (or '... in 4 KB pages'): whether this process's malloc
+    memory, the weights' included, was asked for in 2 MB pages (common/huge_pages.py)."""
+    from common.huge_pages import TUNABLE, thp_mode
+
+    asked = f"{TUNABLE}=1" in os.environ.get("GLIBC_TUNABLES", "").split(":") and thp_mode() in ("madvise", "always")
+    huge = asked or thp_mode() == "always"
+    return f"transparent huge pages {thp_mode() or 'unknown'}, malloc in {'2 MB' if huge else '4 KB'} pages"
+
+
 def machine(versions: Iterable[str] = (), torch_threads: bool = False, extra: Iterable[str] = (), gpu=None) -> str:
     """'<CPU>, N cores[ (T torch threads, load average ...)]; Python X, torch Y[, pkg Z ...][; extra ...]
     [; GPU name]', the GPU's name when `gpu` is a CUDA torch.device."""
@@ -68,7 +78,7 @@ def machine(versions: Iterable[str] = (), torch_threads: bool = False, extra: It
 
     line = f"{cpuinfo('model name') or platform.processor() or 'unknown CPU'}, {os.cpu_count()} cores"
     if torch_threads:
-        line += f" ({torch.get_num_threads()} torch threads, {load_average()})"
+        line += f" ({torch.get_num_threads()} torch threads, {load_average()}; {page_sizes()})"
     line += f"; Python {platform.python_version()}, torch {torch.__version__}"
     line += "".join(f", {name} {package_version(name)}" for name in versions)
     gpus = [f"GPU {torch.cuda.get_device_name(gpu)}"] if gpu is not None and gpu.type == "cuda" else []

@@ -41,6 +41,7 @@ import torch
 import _limits
 import _report
 from common.errors import ArgumentParser, UserError, user_errors_exit
+from common.huge_pages import restart_in_huge_pages
 from model import GPT
 from model.generate import decode_cache_dtype, generate
 from model.packed import pack_linears
@@ -248,4 +249,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    restart_in_huge_pages("decode_vs_floor")  # as sample.py runs: both sides and the floors on the same pages
     main()

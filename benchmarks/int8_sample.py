@@ -47,6 +47,7 @@ import torch
 import _limits
 import _report
 from common.errors import ArgumentParser, UserError, user_errors_exit
+from common.huge_pages import restart_in_huge_pages
 from model import GPT
 from model.generate import generate
 from model.packed import PackedLinear, is_packed, onednn_packs, pack_linears
@@ -314,4 +315,5 @@ def run_variants(build, prepared, args: argparse.Namespace, agree: int) -> list[
 
 
 if __name__ == "__main__":
+    restart_in_huge_pages("int8_sample")  # as sample.py runs: both sides and the floors on the same pages
     main()

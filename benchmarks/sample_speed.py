@@ -28,6 +28,7 @@ import torch
 import _report
 from common.device import resolve_device
 from common.errors import user_errors_exit
+from common.huge_pages import restart_in_huge_pages
 from model import GPT, ModelConfig
 from model.generate import generate
 
@@ -202,4 +203,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    restart_in_huge_pages("sample_speed")  # as sample.py runs: both sides and the floors on the same pages
     main()

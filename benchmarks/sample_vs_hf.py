@@ -66,6 +66,7 @@ import _limits
 import _report
 from common.device import resolve_device
 from common.errors import ArgumentParser, UserError, user_errors_exit
+from common.huge_pages import restart_in_huge_pages
 from model import GPT, ModelConfig
 from model.generate import decode_cache_dtype, generate
 from model.packed import pack_linears
@@ -327,4 +328,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    restart_in_huge_pages("sample_vs_hf")  # as sample.py runs: both sides and the floors on the same pages
     main()
