@@ -102,7 +102,9 @@ def test_a_command_restarts_once_in_its_own_process_with_its_memory_in_huge_page
     assert done.returncode == 0, done.stderr
     (_, pid1, before), (_, pid2, after), (_, huge_kb) = lines
     assert pid1 == pid2 and before == "-" and after == f"{TUNABLE}=1"
-    assert int(huge_kb) >= 32 * 1024  # at least half of the 64 MiB buffer in 2 MB pages
+    # some of the 64 MiB buffer in 2 MB pages (all of it on an idle machine; a kernel short of free 2 MB blocks
+    # may give fewer), where without the tunable it gets none (below)
+    assert int(huge_kb) >= 2048
 
     lines, done = probe(tmp_path, ATTNGPT_HUGE_PAGES="0")  # switched off: one start, no huge page
     assert [line[0] for line in lines] == ["start", "huge"] and lines[1][1] == "0"
