@@ -66,9 +66,10 @@ def page_sizes() -> str:
     memory, the weights' included, was asked for in 2 MB pages (common/huge_pages.py)."""
     from common.huge_pages import TUNABLE, thp_mode
 
-    asked = f"{TUNABLE}=1" in os.environ.get("GLIBC_TUNABLES", "").split(":") and thp_mode() in ("madvise", "always")
-    huge = asked or thp_mode() == "always"
-    return f"transparent huge pages {thp_mode() or 'unknown'}, malloc in {'2 MB' if huge else '4 KB'} pages"
+    mode = thp_mode()
+    asked = f"{TUNABLE}=1" in os.environ.get("GLIBC_TUNABLES", "").split(":")
+    huge = mode == "always" or (asked and mode == "madvise")
+    return f"transparent huge pages {mode or 'unknown'}, malloc in {'2 MB' if huge else '4 KB'} pages"
 
 
 def machine(versions: Iterable[str] = (), torch_threads: bool = False, extra: Iterable[str] = (), gpu=None) -> str:
