@@ -15,8 +15,9 @@ checkpoint is read again if a save swapped it away mid-read). Attention dumps go
 ./attn_dump, never into a run or a model folder (common/paths.py says what marks one): refused in one line
 before the model is built, as is a --num-samples whose generation cannot fit in memory (pretrained/memory.py:
 generation_bytes). --quantize (int8 weights for CPU decoding, model/quantize.py) is applied to the built model, never
-saved. `~` in a path flag is the home folder. What odd prompts do: docs/sampling.md (and a prompt
-may start with a dash: `--prompt "- item"`).
+saved. On Linux with glibc it first runs itself again, once, with malloc's memory in 2 MB pages
+(common/huge_pages.py; ATTNGPT_HUGE_PAGES=0 runs it as started). `~` in a path flag is the home folder. What
+odd prompts do: docs/sampling.md (and a prompt may start with a dash: `--prompt "- item"`).
 """
 from __future__ import annotations
 
