@@ -64,11 +64,10 @@ def package_version(name: str) -> str:
 def page_sizes() -> str:
     """'transparent huge pages M, malloc in 2 MB pages' (or '... in 4 KB pages'): whether this process's malloc
     memory, the weights' included, was asked for in 2 MB pages (common/huge_pages.py)."""
-    from common.huge_pages import TUNABLE, thp_mode
+    from common.huge_pages import malloc_in_huge_pages, thp_mode
 
     mode = thp_mode()
-    asked = f"{TUNABLE}=1" in os.environ.get("GLIBC_TUNABLES", "").split(":")
-    huge = mode == "always" or (asked and mode == "madvise")
+    huge = malloc_in_huge_pages(os.environ, mode)
     return f"transparent huge pages {mode or 'unknown'}, malloc in {'2 MB' if huge else '4 KB'} pages"
 
 

@@ -56,6 +56,18 @@ def glibc_version() -> tuple[int, ...] | None:
         return None
 
 
+def tunable_value(tunables: str) -> str | None:
+    """The value GLIBC_TUNABLES (`name=value:name=value...`) gives glibc.malloc.hugetlb; None where it names none."""
+    values = [value for name, _, value in (entry.partition("=") for entry in tunables.split(":")) if name == TUNABLE]
+    return values[-1] if values else None
+
+
+def malloc_in_huge_pages(environ: Mapping[str, str], mode: str | None) -> bool:
+    """Whether a process with this environment has malloc's large blocks in 2 MB pages: THP `always` gives them
+    unasked, `madvise` where the tunable asks (=1)."""
+    return mode == "always" or (mode == "madvise" and tunable_value(environ.get("GLIBC_TUNABLES", "")) == "1")
+
+
 def huge_page_environment(environ: Mapping[str, str], mode: str | None,
                           glibc: tuple[int, ...] | None) -> dict[str, str] | None:
     """The environment to run the command again in (`environ` with the tunable added to GLIBC_TUNABLES, the
@@ -65,8 +77,7 @@ def huge_page_environment(environ: Mapping[str, str], mode: str | None,
     if switch not in ("0", "1"):
         raise UserError(f"{SWITCH} must be 0 (no 2 MB pages) or 1 (the default), got {switch!r}")
     tunables = environ.get("GLIBC_TUNABLES", "")
-    named = any(entry.split("=", 1)[0] == TUNABLE for entry in tunables.split(":"))
-    if switch == "0" or named or mode != "madvise" or glibc is None or glibc < FIRST_GLIBC:
+    if switch == "0" or tunable_value(tunables) is not None or mode != "madvise" or glibc is None or glibc < FIRST_GLIBC:
         return None
     return {**environ, "GLIBC_TUNABLES": f"{tunables}:{TUNABLE}=1" if tunables else f"{TUNABLE}=1"}
 
