@@ -368,8 +368,8 @@ class Int8Linear(nn.Module):
     def _digits(self, x: torch.Tensor) -> torch.Tensor:
         """Weight-only int8 on FBGEMM: each row of x as two int8 digits, all in one product (module doc). The
         kernel gets the digits themselves at scale 1 (h exactly, and (u - h) x B, which it rounds to l) and a weight
-        packed without the bias: y = s (W h + W l / B) + b, each row's scale and the bias applied after. One row
-        that takes no gradient goes to _digit_row."""
+        packed without the bias: y = s (W h + W l / B) + b, each row's scale and the bias applied after. forward
+        sends a single row that takes no gradient to _digit_row instead, and every other input here."""
         rows = x.reshape(-1, self.in_features)
         digits, scales = split_digits(rows, self.levels)  # (2N, in), (N, 1)
         products = self._digit_op(digits, 1.0, self.levels // 2, self._fbgemm_weight)  # (2N, out): W h, W l
