@@ -30,7 +30,7 @@ and on bfloat16, and --quantize int8-dynamic, each once a round over --rounds in
 median tokens/s and its ratio to bfloat16's. sample.py decides the LM head itself (model/quantize.py: timed).
 
 --ckpt takes what sample.py's --ckpt takes (a run's out_dir, a checkpoint folder, a Hugging Face folder or hub
-id); --shape a random model of sample_vs_hf.py's SHAPES (gpt2, llama, gpt2-124m, small), seeded: its greedy
+id); --shape a random model of sample_vs_hf.py's SHAPES (gpt2, llama, gpt2-124m, small, ...), seeded: its greedy
 text is near-uniform guessing, so its agreement says little (a checkpoint's does). --save appends the table to
 benchmarks/RESULTS.md.
 """
@@ -135,7 +135,7 @@ def main() -> None:
     parser = ArgumentParser(prog="int8_sample", description=__doc__.splitlines()[0])
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--ckpt", help="what sample.py --ckpt takes: a run's out_dir, checkpoint, HF folder or hub id")
-    source.add_argument("--shape", help="a random model of this shape: gpt2, llama, gpt2-124m or small (default)")
+    source.add_argument("--shape", help="a random model of one of sample_vs_hf.py's SHAPES (default small)")
     parser.add_argument("--prompt", type=int, default=32, help="prompt tokens (random ids, seeded)")
     parser.add_argument("--new-tokens", type=int, default=128, help="new tokens per generation")
     parser.add_argument("--agree", type=int, default=None, help="tokens compared with float32 (default: all new)")

@@ -81,6 +81,10 @@ SHAPES = {
                          mlp="swiglu", tie_embeddings=False),
     "gpt2-124m": ModelConfig(**COMMON, n_layer=12, n_head=12, d_model=768, pos="learned", norm="layernorm",
                              mlp="gelu", bias=True),
+    # GPT-2 small's ops at 1/8 of its width: the same 12 layers, 12 heads and vocabulary, so a decode step runs the
+    # same ops, but its block matmuls stream 1/64 of the bytes (head_dim 8): what a step costs besides its weights
+    "gpt2-124m-narrow": ModelConfig(**COMMON, n_layer=12, n_head=12, d_model=96, pos="learned", norm="layernorm",
+                                    mlp="gelu", bias=True),
     # the default run's model: configs/small.yaml's shape over tinyshakespeare's 65 characters
     "small": dataclasses.replace(load_run_config(_report.REPO / "configs" / "small.yaml", []).model, vocab_size=65),
 }
