@@ -42,8 +42,8 @@ native instructions: without them a bfloat16 step may be compute-bound, far belo
 Shapes (--shapes): gpt2 = GPT-2 architecture (learned positions, LayerNorm, GELU, biases, tied) and llama =
 Llama architecture (RoPE, RMSNorm, SwiGLU, GQA 6/2, untied), both 6 layers x 384 wide, vocabulary 50304,
 block 1024; gpt2-124m = GPT-2 small itself; gpt2-124m-narrow = its 12 layers, 12 heads and vocabulary at width
-96 (a decode step of the same ops with 1/64 of the block weights); small = the default run's model (configs/small.yaml: 3 layers x
-128, GQA 4/2, block 256) over 65 characters, compared as a LlamaForCausalLM.
+96 (a decode step of the same ops with 1/64 of the block weights); small = the default run's model
+(configs/small.yaml: 3 layers x 128, GQA 4/2, block 256) over 65 characters, compared as a LlamaForCausalLM.
 
     python benchmarks/sample_vs_hf.py [--shapes gpt2,llama] [--new-tokens 128,992] [--prompt 32] [--rounds 3]
         [--threads 1] [--device cpu|cuda] [--dtype float32|bfloat16] [--no-save]
