@@ -77,7 +77,8 @@ def huge_page_environment(environ: Mapping[str, str], mode: str | None,
     if switch not in ("0", "1"):
         raise UserError(f"{SWITCH} must be 0 (no 2 MB pages) or 1 (the default), got {switch!r}")
     tunables = environ.get("GLIBC_TUNABLES", "")
-    if switch == "0" or tunable_value(tunables) is not None or mode != "madvise" or glibc is None or glibc < FIRST_GLIBC:
+    if switch == "0" or tunable_value(tunables) is not None or mode != "madvise" \
+            or glibc is None or glibc < FIRST_GLIBC:
         return None
     return {**environ, "GLIBC_TUNABLES": f"{tunables}:{TUNABLE}=1" if tunables else f"{TUNABLE}=1"}
 
