@@ -30,9 +30,8 @@ and on bfloat16, and --quantize int8-dynamic, each once a round over --rounds in
 median tokens/s and its ratio to bfloat16's. sample.py decides the LM head itself (model/quantize.py: timed).
 
 --ckpt takes what sample.py's --ckpt takes (a run's out_dir, a checkpoint folder, a Hugging Face folder or hub
-id); --shape a random model of sample_vs_hf.py's SHAPES, seeded: its greedy
-text is near-uniform guessing, so its agreement says little (a checkpoint's does). --save appends the table to
-benchmarks/RESULTS.md.
+id); --shape a random model of sample_vs_hf.py's SHAPES, seeded: its greedy text is near-uniform guessing, so
+its agreement says little (a checkpoint's does). --save appends the table to benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 
