@@ -135,13 +135,25 @@ def test_the_compiled_decode_step_gets_the_same_check():
 @settings(max_examples=200, deadline=None)
 @given(dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.float64]),
        values=st.lists(st.sampled_from(["max", "-max", "tiny", "zero", "inf", "-inf", "nan", "one"]),
-                       min_size=1, max_size=40))
-def test_the_one_reduction_check_agrees_with_isfinite_entry_by_entry(dtype, values):
-    """GPT._check_finite's test (model.gpt._all_finite, one float64 sum) says 'finite' exactly when every entry is:
-    the largest finite numbers of the dtype side by side do not overflow it, and inf + (-inf) still fails."""
+                       min_size=1, max_size=40),
+       padding=st.integers(0, 70_000), data=st.data())
+def test_the_one_reduction_check_agrees_with_isfinite_entry_by_entry(dtype, values, padding, data):
+    """GPT._check_finite's test (model.gpt._all_finite, one min-and-max reduction) says 'finite' exactly when every
+    entry is: extreme finite numbers pass, and an inf or a NaN fails wherever it sits in a row long enough for the
+    reduction's vector lanes, its tail and its split between threads (a decode step's row: 50304 logits)."""
     from model.gpt import _all_finite
     info = torch.finfo(dtype)
     table = {"max": info.max, "-max": -info.max, "tiny": info.tiny, "zero": 0.0, "inf": float("inf"),
              "-inf": float("-inf"), "nan": float("nan"), "one": 1.0}
-    x = torch.tensor([table[v] for v in values], dtype=dtype).reshape(1, 1, -1)
+    x = torch.linspace(-1, 1, padding + len(values), dtype=torch.float64).to(dtype)
+    at = data.draw(st.lists(st.integers(0, x.numel() - 1), min_size=len(values), max_size=len(values), unique=True))
+    x[at] = torch.tensor([table[v] for v in values], dtype=dtype)
+    x = x.reshape(1, 1, -1)
     assert _all_finite(x) == bool(torch.isfinite(x).all())
+
+
+def test_a_pass_over_no_rows_is_finite():
+    """An empty batch has nothing to overflow (a min-and-max reduction over nothing would raise instead)."""
+    from model.gpt import _all_finite
+    assert _all_finite(torch.empty(0, 3, 7))
+    assert tiny_model()(torch.zeros(0, 3, dtype=torch.long))[0].shape == (0, 3, 32)
