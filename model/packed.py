@@ -92,10 +92,12 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         packed, weight = self._packed, self.weight
-        # a decode step's call, in the fewest checks (49 calls a token for GPT-2 small): a packed copy of this very
-        # weight as it is now, of x's dtype (so a CPU weight of a dtype this CPU packs), no gradient, not compiling
-        if packed is not None and x.device.type == "cpu" and not torch.is_grad_enabled() \
-                and packed[0] == (weight.data_ptr(), weight._version, x.dtype) and not torch.compiler.is_compiling():
+        # a decode step's call, in the fewest checks (49 calls a token for GPT-2 small): not compiling (first: the
+        # compiler cannot trace the comparison of data pointers below, and would break its graph at every layer), a
+        # packed copy of this very weight as it is now, of x's dtype (so a CPU weight of a dtype this CPU packs), no
+        # gradient
+        if packed is not None and not torch.compiler.is_compiling() and x.device.type == "cpu" \
+                and not torch.is_grad_enabled() and packed[0] == (weight.data_ptr(), weight._version, x.dtype):
             return torch.ops.mkldnn._linear_pointwise(x, packed[1], self.bias, "none", [], "")
         if not self.uses_packed(x):
             return F.linear(x, weight, self.bias)
