@@ -8,8 +8,9 @@ alternate one for one: a slow spell of a shared machine falls on both, and their
 speeds drift by 20-30% between minutes. A decode step is the time from one token to the next less the floor pass
 between them (the prefill is not one); the first floor pass, a warm-up, is left out.
 
-Each round then generates twice more with every matmul call timed where it is made (matmul_calls_timed: each
-block matmul module's forward and GPT.logits, the head as decode runs it, record when they start and end):
+Each round then generates twice more with every matmul call timed where it is made (matmul_calls_timed: the
+kernels generate's flat decode step binds for each matmul layer and the head, model/decode.py, and the modules'
+own calls in a pass that goes through them, record when they start and end):
   - as it is: the matmuls' own time inside a step, set against the floor pass (the same matmuls back to back),
     and the time between them, split by the matmul each stretch follows (after attn.qkv_proj: attention over
     the cache and its writes; after lm_head: the sampling, the next token's embedding and the Python around
@@ -40,6 +41,7 @@ import torch
 
 import _limits
 import _report
+import model.decode as decode_module
 from common.errors import ArgumentParser, UserError, user_errors_exit
 from common.huge_pages import restart_in_huge_pages
 from model import GPT
@@ -101,27 +103,50 @@ def matmuls_left_out(model: GPT):
 Mark = tuple[int, float, float]  # (matmul slot index in GPT.matmul_slots order, start, end) of one call
 
 
+def timed_call(call, index: int, marks: list[Mark]):
+    """`call`, appending (index, start, end) to `marks` at every call; marked with the slot it times."""
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        out = call(*args, **kwargs)
+        marks.append((index, start, time.perf_counter()))
+        return out
+    timed.timed_slot = index
+    return timed
+
+
 @contextlib.contextmanager
 def matmul_calls_timed(model: GPT, marks: list[Mark]):
-    """For the duration, every call of a matmul slot appends (slot index, start, end) to `marks`: each block
-    matmul module through its forward, the LM head through GPT.logits (the head as decode runs it: on a CPU a
-    product with a column-major copy of its weight, not its module). The methods are shadowed on the instances,
-    so the modules keep their types (what GPT.head_is_linear and model/packed.py look at); put back after."""
+    """For the duration, every call of a matmul slot appends (slot index, start, end) to `marks`, on either path a
+    pass takes:
+      - through the modules (a prefill): each block matmul module's forward and GPT.logits (the head as decode runs
+        it: on a CPU a product with a column-major copy of its weight, not its module), shadowed on the instances,
+        so the modules keep their types (what GPT.head_is_linear and model/packed.py look at);
+      - through generate's flat decode step (model/decode.py): the kernels it binds for each matmul layer and the
+        head (linear_kernel, head_kernel), each wrapped where it is made (a kernel that is a layer's own shadowed
+        forward is already timed).
+    Put back after."""
     slots = model.matmul_slots()
     owners = [(getattr(parent, attr), "forward") for _, parent, attr in slots[:-1]] + [(model, "logits")]
+    slot_of = {id(getattr(parent, attr)): index for index, (_, parent, attr) in enumerate(slots)}
     shadowed = [(owner, name, owner.__dict__.get(name)) for owner, name in owners]
+    kernels = {"linear_kernel": decode_module.linear_kernel, "head_kernel": decode_module.head_kernel}
+
+    def timed_linear_kernel(linear, *args):
+        kernel = kernels["linear_kernel"](linear, *args)
+        if hasattr(kernel, "timed_slot") or id(linear) not in slot_of:
+            return kernel
+        return timed_call(kernel, slot_of[id(linear)], marks)
+
+    def timed_head_kernel(gpt, *args):
+        kernel = kernels["head_kernel"](gpt, *args)
+        return kernel if hasattr(kernel, "timed_slot") else timed_call(kernel, len(slots) - 1, marks)
     try:
         for index, (owner, name) in enumerate(owners):
-            call = getattr(owner, name)
-
-            def timed(*args, _call=call, _index=index, **kwargs):
-                start = time.perf_counter()
-                out = _call(*args, **kwargs)
-                marks.append((_index, start, time.perf_counter()))
-                return out
-            owner.__dict__[name] = timed
+            owner.__dict__[name] = timed_call(getattr(owner, name), index, marks)
+        decode_module.linear_kernel, decode_module.head_kernel = timed_linear_kernel, timed_head_kernel
         yield
     finally:
+        decode_module.linear_kernel, decode_module.head_kernel = kernels["linear_kernel"], kernels["head_kernel"]
         for owner, name, before in shadowed:
             if before is None:
                 owner.__dict__.pop(name, None)

@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from model.decode import EagerDecodeStep
 from model.gpt import GPT, fused_attention
 from model.packed import PackedLinear
 from model.timing import best_seconds
@@ -161,6 +162,9 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int, temperature:
                 max_len = min(block_size, 1 << (max_len - 1).bit_length())  # two, so few lengths ever compile
             model.setup_kv_cache(B, max_len, dtype=decode_cache_dtype(model, B, max_len, compiled=decode is not None),
                                  device=device)
+        # eager one-token steps through the cache on a CPU: flat, the module path's numbers (model/decode.py)
+        eager_step = EagerDecodeStep(model) if use_kv_cache and decode is None and EagerDecodeStep.applies(model) \
+            else None
         positions = torch.arange(window.shape[1], device=device) if use_kv_cache else None
         logits = forward(window, input_pos=positions, last_only=True)
         for drawn in range(1, max_new_tokens + 1):
@@ -184,6 +188,9 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int, temperature:
                 logits = forward(window, input_pos=positions, last_only=True)
             elif decode is not None:
                 logits = decode(token[:, None], torch.tensor([n], device=device))
+            elif eager_step is not None:
+                with eager_attention_kernels(device):  # (a CPU's: nothing changed) every eager pass runs under it
+                    logits = eager_step(token[:, None], n)
             elif use_kv_cache:
                 logits = forward(token[:, None], input_pos=torch.tensor([n], device=device))
             else:
@@ -281,8 +288,9 @@ def step_timings(model: GPT, batch_size: int) -> tuple[float, float]:
 
 
 def eager_step_seconds(model: GPT, batch_size: int, clock: Callable[[], float] = time.perf_counter) -> float:
-    """The best of TIMED_STEPS eager one-token decode steps through a KV cache, as generate runs them, after a
-    one-token prefill (a cache of TIMED_STEPS + 2 slots, then cleared); on a GPU each step waited for."""
+    """The best of TIMED_STEPS eager one-token decode steps through a KV cache, as generate runs them (the flat step
+    where it applies, model/decode.py), after a one-token prefill (a cache of TIMED_STEPS + 2 slots, then cleared);
+    on a GPU each step waited for."""
     was_training = model.training
     model.eval()
     device = model.tok_emb.weight.device
@@ -292,11 +300,15 @@ def eager_step_seconds(model: GPT, batch_size: int, clock: Callable[[], float] =
         model.setup_kv_cache(batch_size, min(model.config.block_size, TIMED_STEPS + 2))
         with eager_attention_kernels(device):
             model(token, input_pos=torch.tensor([0], device=device), last_only=True)
+            flat = EagerDecodeStep(model) if EagerDecodeStep.applies(model) else None
             best = float("inf")
             for pos in range(1, min(model.config.block_size, TIMED_STEPS + 1)):
                 wait()
                 t0 = clock()
-                model(token, input_pos=torch.tensor([pos], device=device))
+                if flat is not None:
+                    flat(token, pos)
+                else:
+                    model(token, input_pos=torch.tensor([pos], device=device))
                 wait()
                 best = min(best, clock() - t0)
     finally:

@@ -261,15 +261,6 @@ class KVCache(nn.Module):
         v_cache.index_copy_(2, input_pos, v.to(v_cache.dtype))
         return k_cache, v_cache
 
-    def write(self, input_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Eager code's write of one position input_pos (1,): k, v (B, n_kv_head, head_dim), one row each, as a
-        decode step's projection gives them; returns the full buffers as update does. On a CPU the position is
-        read as a number and the rows copied into its slot; on an accelerator reading it would wait for the
-        device, so the rows go through update's index_copy_ with the position as a tensor."""
-        if k.device.type != "cpu":
-            return self.update(input_pos, k.unsqueeze(2), v.unsqueeze(2))
-        return self._write_slot(int(input_pos), k, v)
-
     def _write_slot(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v (B, n_kv_head, head_dim) into slot `slot`. copy_ converts to the cache's dtype as it writes, one
         kernel per tensor, where index_copy_ needs a converted copy first (its source must have the buffer's
@@ -335,10 +326,6 @@ class CausalSelfAttention(nn.Module):
         T_k slots attended over: the written prefix max(input_pos) + 1, or the whole buffer (GPT._hidden).
         Returns (y (B, T, d_model), weights (B, n_head, T, T_k) if need_weights else None)."""
         B, T, _ = x.shape
-        # an eager decode step in eval (one token through the cache, no weights wanted): decode_one, in fewer ops
-        if T == 1 and mask is not None and self.kv_cache is not None and not (need_weights or self.training) \
-                and self.attn_impl != "manual" and not torch.compiler.is_compiling():
-            return self.decode_one(x, rope, input_pos, mask.shape[-1]), None
         q, k, v = self.project_qkv(x, rope)
         if self.kv_cache is not None:
             k, v = self.kv_cache.update(input_pos, k, v)  # (B, n_kv_head, max_len, head_dim)
@@ -361,7 +348,7 @@ class CausalSelfAttention(nn.Module):
             out = out.view(B, self.n_head, T, self.head_dim)
             weights = weights.view(B, self.n_head, T, -1) if need_weights else None
         else:
-            # Eager decoding of one token (here in training mode; in eval decode_one takes it): its query sits at
+            # Eager decoding of one token (generate's eager CPU steps take model/decode.py instead): its query sits at
             # the newest written position and the mask row is the written prefix, all True (GPT._hidden cuts it
             # there), so the fused kernel needs no mask; applying one costs ~5% of an eager CPU decode step
             # (benchmarks/RESULTS.md). Compiled code keeps the row, which on CUDA is a whole-buffer row with
@@ -380,31 +367,6 @@ class CausalSelfAttention(nn.Module):
         y = out.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)  # heads side by side again
         y = self.out_proj(y)
         return (self.resid_dropout(y) if self.training else y), weights  # dropout: identity in eval, its call skipped
-
-    def decode_one(self, x: torch.Tensor, rope: torch.Tensor | None, input_pos: torch.Tensor, kv_len: int
-                   ) -> torch.Tensor:
-        """forward's eager decode step: one new token x (B, 1, d_model) at position input_pos (1,), attending over
-        the cache's first kv_len slots; returns y (B, 1, d_model). The same numbers as forward's general path in
-        fewer ops (a decode step of GPT-2 small on a 2-core CPU spends as long between its matmuls as in a third
-        of them, most of it per-op overhead, benchmarks/RESULTS.md): the new k, v go into the cache straight from
-        the projection's rows, with no transposed (B, n_kv_head, 1, head_dim) copies, and the query attends over
-        the written prefix with no mask, which holds only True there (GPT._inputs cuts the row at the prefix)."""
-        B = x.shape[0]
-        n_qk = self.n_head + self.n_kv_head
-        qkv = self.qkv_proj(x).view(B, 1, n_qk + self.n_kv_head, self.head_dim)  # (B, 1, heads of q|k|v, head_dim)
-        qk = qkv[:, :, :n_qk] if rope is None else apply_rope(qkv[:, :, :n_qk], rope)
-        k, v = self.kv_cache.write(input_pos, qk[:, 0, self.n_head:], qkv[:, 0, n_qk:])  # (B, n_kv, D) rows
-        k, v = k[:, :, :kv_len], v[:, :, :kv_len]  # (B, n_kv_head, kv_len, head_dim)
-        q = qk[:, :, :self.n_head].transpose(1, 2)  # (B, n_head, 1, head_dim)
-        wide_cache = k.dtype == torch.float32 and q.dtype != torch.float32  # attended in float32, as stored
-        if not wide_cache:
-            k, v = k.to(q.dtype), v.to(q.dtype)
-        out = fused_attention(q, k, v, None, causal=False,
-                              float32=wide_cache or self.attention_kernel == "fused float32")  # (B, n_head, 1, D)
-        if self.head_patch is not None:
-            out = self.head_patch.apply(out)
-        # one row: (B, n_head, 1, head_dim) holds its heads side by side already
-        return self.out_proj(out.reshape(B, 1, self.n_head * self.head_dim))
 
 # --------------------------------------------------------------------------------------------------------------------
 # 6. The rest of a block: the two norms and the two MLPs

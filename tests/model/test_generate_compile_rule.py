@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from model import GPT, ModelConfig
-from model.generate import (CPU_COMPILE_FLOOR_S, GPU_COMPILE_FLOOR_S, compile_repays, compiled_matmul_seconds,
-                            eager_step_seconds, generate)
+from model.generate import (CPU_COMPILE_FLOOR_S, GPU_COMPILE_FLOOR_S, TIMED_STEPS, compile_repays,
+                            compiled_matmul_seconds, eager_step_seconds, generate)
 
 
 def tiny() -> GPT:
@@ -62,6 +62,20 @@ def test_the_timings_run_the_model_and_leave_it_as_it_was():
     assert model.training and model.blocks[0].attn.kv_cache is None  # mode restored, cache cleared
     prompt = torch.randint(0, 50, (1, 4))
     assert generate(model, prompt, 5, temperature=0).shape == (1, 9)  # still generates as before
+
+
+@pytest.mark.parametrize("attn_impl, flat_steps", [("sdpa", TIMED_STEPS), ("manual", 0)])
+def test_the_eager_step_timed_is_the_one_generate_runs(monkeypatch, attn_impl, flat_steps):
+    """Where generate decodes through the flat step (model/decode.py), that is the step timed; elsewhere the modules."""
+    from model.decode import EagerDecodeStep
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=50, block_size=16, n_layer=2, n_head=4, d_model=32, attn_impl=attn_impl))
+    positions = []
+    original = EagerDecodeStep.__call__
+    monkeypatch.setattr(EagerDecodeStep, "__call__", lambda self, *a: positions.append(a[1]) or original(self, *a))
+    with torch.no_grad():  # as compile_repays runs it
+        eager_step_seconds(model.eval(), 1)
+    assert positions == list(range(1, flat_steps + 1))
 
 
 def test_an_int8_dynamic_models_matmuls_are_timed_on_the_compiled_path(monkeypatch):

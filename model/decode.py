@@ -1,0 +1,205 @@
+"""GPT's eager one-token decode step on a CPU, written out flat: the numbers of the model's forward pass through its
+KV cache, with every weight, cache buffer and kernel looked up once per generation instead of at every call.
+
+Why a second way to run the same layers: decoding one token with GPT-2 small on a 2-core CPU is ~50 matmuls that
+stream the weights and ~400 small ops between them. Run through the modules, each of those small ops also pays for
+the way there: an nn.Module call (hooks looked for), the checks a layer makes to pick its path (training? compiling?
+a packed copy of this weight, of this version? a cache? weights wanted?), a Parameter fetched through
+Module.__getattr__. A few microseconds each, and several times that once the weights a matmul streamed have emptied
+the caches: ~0.6-0.8 ms of a ~6.5 ms step of GPT-2 small in bfloat16, the two ways alternated token by token in one
+generation (benchmarks/RESULTS.md). Here the choices are made once, when the step is built (`EagerDecodeStep`), and a
+step is only the arithmetic, in the order and with the kernels of the module path:
+
+    x = token embedding (+ learned position)                                   (B, 1, d_model)
+    per block:  q|k|v = qkv_proj(attn_norm(x)), RoPE on q and k;  k, v written into the cache slot `pos`
+                x = x + out_proj(attention of q over the cache's slots 0..pos)   (the fused kernel, no mask)
+                x = x + mlp(mlp_norm(x))
+    logits = LM head(final_norm(x))                                             (B, 1, vocab_size)
+
+so the logits are the module path's, bit for bit (tests/model/test_decode.py, for generated configurations).
+
+Where it applies (`EagerDecodeStep.applies`): a CPU model in eval mode with a KV cache set up, without grad (as
+generate runs), outside autocast and torch.compile, attention through the fused kernel (attn_impl "sdpa": "manual"
+runs the from-scratch formula, which only the module path has), and no hook on any module (a hook expects its
+module to be called). Anywhere else generate runs the modules.
+
+What is read once, and what at every step: weights, biases, norm and cache tensors are held by reference, so a
+weight changed in place (by an on_token callback that trains) is read as it is at the next step, as in the module
+path. Copies derived from a weight, a oneDNN-packed one (model/packed.py) and the LM head's column-major one
+(GPT.head_columns), are checked against their weight's version at every step, one comparison each, and the step
+is built again where one is stale. A layer, a head patch or a hook swapped in during a generation is seen at the
+next generate call.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from model.gpt import (GPT, HEAD_COLUMNS_MAX_ROWS, CausalSelfAttention, GeluMLP, LayerNorm, RMSNorm, SwiGLU,
+                       apply_rope, fused_attention)
+from model.packed import PackedLinear, onednn_packs
+
+Kernel = Callable[[torch.Tensor], torch.Tensor]
+
+
+def weight_key(weight: torch.Tensor) -> tuple:
+    """What a copy derived from `weight` was made from: its storage, its version (moved by any in-place change) and
+    dtype (PackedLinear and GPT.head_columns key their copies the same way)."""
+    return weight.data_ptr(), weight._version, weight.dtype
+
+
+def norm_kernel(norm: nn.Module) -> Kernel:
+    """x (..., d) -> norm(x), the norm's own functional call on its own tensors; any other module as itself."""
+    if isinstance(norm, LayerNorm):
+        return functools.partial(F.layer_norm, normalized_shape=(norm.weight.shape[0],), weight=norm.weight,
+                                 bias=norm.bias, eps=norm.eps)
+    if isinstance(norm, RMSNorm):
+        return functools.partial(F.rms_norm, normalized_shape=(norm.weight.shape[0],), weight=norm.weight,
+                                 eps=norm.eps)
+    return norm
+
+
+def linear_kernel(linear: nn.Module, dtype: torch.dtype, derived: list[tuple[torch.Tensor, tuple]]) -> Kernel:
+    """x (..., in) -> linear(x) as the layer itself computes it for an input of `dtype` without grad on a CPU: a
+    PackedLinear on its packed copy (its weight and that copy's key appended to `derived`, checked at every step) or,
+    where it does not pack `dtype`, F.linear, as PackedLinear.forward chooses; an nn.Linear by F.linear; any other
+    layer (model/quantize.py's Int8Linear) by its own forward."""
+    if isinstance(linear, PackedLinear):
+        weight, bias = linear.weight, linear.bias
+        if weight.dtype != dtype or not onednn_packs(dtype):
+            return functools.partial(F.linear, weight=weight, bias=bias)
+        packed = linear.packed_weight()  # packed again here if the weight changed since
+        derived.append((weight, weight_key(weight)))
+        return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    if isinstance(linear, nn.Linear):
+        return functools.partial(F.linear, weight=linear.weight, bias=linear.bias)
+    return linear.forward
+
+
+def mlp_kernel(mlp: nn.Module, dtype: torch.dtype, derived: list[tuple[torch.Tensor, tuple]]) -> Kernel:
+    """x (..., d_model) -> mlp(x) in eval mode (no dropout), its two matmuls as linear_kernel runs them; any other
+    MLP module as itself."""
+    if isinstance(mlp, (GeluMLP, SwiGLU)):
+        fc_in, fc_out = linear_kernel(mlp.fc_in, dtype, derived), linear_kernel(mlp.fc_out, dtype, derived)
+        if isinstance(mlp, GeluMLP):
+            return lambda x: fc_out(F.gelu(fc_in(x), approximate="tanh"))
+
+        def swiglu(x: torch.Tensor) -> torch.Tensor:
+            gate, up = fc_in(x).chunk(2, dim=-1)
+            return fc_out(F.silu(gate) * up)
+        return swiglu
+    return mlp
+
+
+def head_kernel(model: GPT, batch: int, derived: list[tuple[torch.Tensor, tuple]]) -> Kernel:
+    """final hidden states (batch, 1, d_model) -> logits as GPT.logits computes them on a CPU without grad: up to
+    HEAD_COLUMNS_MAX_ROWS rows of an nn.Linear head by its column-major copy (its weight and the copy's key appended
+    to `derived`), any other head as linear_kernel runs it."""
+    dtype = model.tok_emb.weight.dtype
+    if isinstance(model.lm_head, nn.Linear) and batch <= HEAD_COLUMNS_MAX_ROWS:
+        derived.append((model.lm_head.weight, weight_key(model.lm_head.weight)))
+        return functools.partial(torch.matmul, other=model.head_columns())
+    return linear_kernel(model.lm_head, dtype, derived)
+
+
+class LayerStep:
+    """One block's part of a decode step: its tensors and kernels, looked up once (EagerDecodeStep)."""
+    __slots__ = ("attn_norm", "qkv_proj", "out_proj", "mlp_norm", "mlp", "k_cache", "v_cache", "head_patch",
+                 "wide_cache", "float32_attention", "n_head", "n_kv_head", "head_dim")
+
+    def __init__(self, block: nn.Module, dtype: torch.dtype, derived: list[tuple[torch.Tensor, tuple]]):
+        attn: CausalSelfAttention = block.attn
+        self.attn_norm, self.mlp_norm = norm_kernel(block.attn_norm), norm_kernel(block.mlp_norm)
+        self.qkv_proj = linear_kernel(attn.qkv_proj, dtype, derived)
+        self.out_proj = linear_kernel(attn.out_proj, dtype, derived)
+        self.mlp = mlp_kernel(block.mlp, dtype, derived)
+        self.k_cache, self.v_cache = attn.kv_cache.k_cache, attn.kv_cache.v_cache  # (B, n_kv_head, max_len, D)
+        self.head_patch = attn.head_patch
+        # a float32 cache under a narrower model is attended over in float32, as stored (model/gpt.py, section 4)
+        self.wide_cache = self.k_cache.dtype == torch.float32 and dtype != torch.float32
+        self.float32_attention = self.wide_cache or attn.attention_kernel == "fused float32"
+        self.n_head, self.n_kv_head, self.head_dim = attn.n_head, attn.n_kv_head, attn.head_dim
+
+    def __call__(self, x: torch.Tensor, rope: torch.Tensor | None, pos: int) -> torch.Tensor:
+        """x (B, 1, d_model), the residual stream at position pos -> the block's output, (B, 1, d_model)."""
+        B = x.shape[0]
+        n_head, n_kv_head, head_dim = self.n_head, self.n_kv_head, self.head_dim
+        n_qk = n_head + n_kv_head
+        qkv = self.qkv_proj(self.attn_norm(x)).view(B, 1, n_qk + n_kv_head, head_dim)  # (B, 1, heads of q|k|v, D)
+        qk = qkv[:, :, :n_qk] if rope is None else apply_rope(qkv[:, :, :n_qk], rope)  # q and k rotated together
+        # the new k, v rows (B, n_kv_head, D) into slot pos, converted to the cache's dtype as they are copied
+        self.k_cache[:, :, pos].copy_(qk[:, 0, n_head:])
+        self.v_cache[:, :, pos].copy_(qkv[:, 0, n_qk:])
+        k, v = self.k_cache[:, :, :pos + 1], self.v_cache[:, :, :pos + 1]  # the written prefix: all of it is seen
+        q = qk[:, :, :n_head].transpose(1, 2)  # (B, n_head, 1, D)
+        if not self.wide_cache:  # any other cache is read in q's dtype (free where they match)
+            k, v = k.to(q.dtype), v.to(q.dtype)
+        out = fused_attention(q, k, v, None, causal=False, float32=self.float32_attention)  # (B, n_head, 1, D)
+        if self.head_patch is not None:
+            out = self.head_patch.apply(out)
+        x = x + self.out_proj(out.reshape(B, 1, n_head * head_dim))  # (B, n_head, 1, D) holds the heads side by side
+        return x + self.mlp(self.mlp_norm(x))
+
+
+def has_hooks(model: nn.Module) -> bool:
+    """Whether any forward hook, on one of the model's modules or global, would expect a module to be called."""
+    from torch.nn.modules import module as module_globals
+    if module_globals._global_forward_hooks or module_globals._global_forward_pre_hooks:
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+class EagerDecodeStep:
+    """`step(token (B, 1), pos)` -> logits (B, 1, vocab_size): GPT's forward of one token at position pos through
+    the KV cache set up for batch B, in eager code on a CPU, flat (module doc). Build it after setup_kv_cache, once
+    per generation; `applies(model)` says where it may run."""
+
+    def __init__(self, model: GPT):
+        self.model = model
+        self.bind()
+
+    @staticmethod
+    def applies(model: GPT) -> bool:
+        """A CPU model in eval mode with a KV cache, without grad, outside autocast and compilation, attention
+        through the fused kernel, no hooks (module doc)."""
+        weight = model.tok_emb.weight
+        return (weight.device.type == "cpu" and not model.training and model.config.attn_impl != "manual"
+                and model.blocks[0].attn.kv_cache is not None and not torch.is_grad_enabled()
+                and not torch.compiler.is_compiling() and not torch.is_autocast_enabled("cpu")
+                and not has_hooks(model))
+
+    def bind(self) -> None:
+        """Look every tensor and kernel up from the model as it is now."""
+        model = self.model
+        dtype = model.tok_emb.weight.dtype
+        self.derived: list[tuple[torch.Tensor, tuple]] = []  # (weight, the key its packed or transposed copy has)
+        self.layers = [LayerStep(block, dtype, self.derived) for block in model.blocks]
+        self.tok_emb, self.pos_emb = model.tok_emb.weight, None if model.pos_emb is None else model.pos_emb.weight
+        self.rope_freqs = model.rope_freqs if model.config.pos == "rope" else None  # (block_size, D/2, 2)
+        self.final_norm = norm_kernel(model.final_norm)
+        self.head = head_kernel(model, self.layers[0].k_cache.shape[0], self.derived)
+
+    def current(self) -> bool:
+        """Whether every packed or transposed copy still matches its weight."""
+        return all(weight_key(weight) == key for weight, key in self.derived)
+
+    def __call__(self, token: torch.Tensor, pos: int) -> torch.Tensor:
+        slots = self.layers[0].k_cache.shape[2]
+        if not 0 <= pos < slots:  # a negative one would index from the end
+            raise IndexError(f"position {pos} is outside the cache's {slots} slots")
+        if not self.current():
+            self.bind()
+        x = F.embedding(token, self.tok_emb)  # (B, 1, d_model)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb[pos]  # (d_model,), broadcast over the batch as the module path's (1, d_model) is
+        rope = None if self.rope_freqs is None else self.rope_freqs[pos:pos + 1]  # (1, D/2, 2)
+        for layer in self.layers:
+            x = layer(x, rope, pos)
+        logits = self.head(self.final_norm(x))  # (B, 1, vocab_size)
+        # every pass's check that its numbers are finite; where they are not, it replays the modules to say where
+        self.model._check_finite(logits, token, torch.tensor([pos]), None)
+        return logits
