@@ -9,9 +9,9 @@ configs/small.yaml trains with), fp32 on the CPU unless --dtype / --device say o
 (n_kv_head 2). Timings use `model.generate.generate` itself, greedy, batch 1:
   - generate tokens/s: prompt of (context - N) tokens, N new ones, so the last step sees `context` tokens;
     the wall time includes the prefill (what a user waits for); median of --reps runs.
-  - ms/token at position p: with the cache, one model step (1 token at input_pos p) after a prefill of p
-    tokens; without it, one forward of p + 1 tokens with last-position logits (what the no-cache path runs
-    per token).
+  - ms/token at position p: with the cache, one decode step as generate runs it (1 token at position p,
+    model.generate.eager_decode_step) after a prefill of p tokens; without it, one forward of p + 1 tokens with
+    last-position logits (what the no-cache path runs per token).
 If `transformers` is importable, GPT2LMHeadModel.generate of the same shape (random weights, greedy, its own
 cache) runs at the same contexts as a reference.
 
@@ -30,7 +30,7 @@ from common.device import resolve_device
 from common.errors import user_errors_exit
 from common.huge_pages import restart_in_huge_pages
 from model import GPT, ModelConfig
-from model.generate import generate
+from model.generate import eager_decode_step, generate
 
 CONTEXTS = (64, 256, 1024)
 POSITIONS = (10, 1000)
@@ -51,13 +51,13 @@ def generate_speed(model: GPT, context: int, n_new: int, use_cache: bool, reps: 
 
 @contextlib.contextmanager
 def prefilled(model: GPT, tokens: torch.Tensor):
-    """The model's KV cache holding all of `tokens` but the last; yields a cached step's (input, input_pos)."""
+    """The model's KV cache holding all of `tokens` but the last; yields a cached step's (input, position)."""
     position, device = tokens.shape[1] - 1, device_of(model)
     model.setup_kv_cache(1, model.config.block_size)  # on the model's device, in its dtype
     try:
         with torch.no_grad():
             model(tokens[:, :position], input_pos=torch.arange(position, device=device))
-        yield tokens[:, position:], torch.tensor([position], device=device)
+        yield tokens[:, position:], position
     finally:
         model.clear_kv_cache()
 
@@ -70,7 +70,8 @@ def step_latency(model: GPT, position: int, use_cache: bool, steps: int) -> floa
     if not use_cache:
         return 1e3 * _report.median_seconds(lambda: model(tokens, last_only=True), steps, device)
     with prefilled(model, tokens) as (last, pos):
-        return 1e3 * _report.median_seconds(lambda: model(last, input_pos=pos), steps, device)
+        step = eager_decode_step(model)
+        return 1e3 * _report.median_seconds(lambda: step(last, pos), steps, device)
 
 
 def hf_reference(contexts: tuple[int, ...], n_new: int, reps: int) -> tuple[list[str], str]:
@@ -107,10 +108,11 @@ def profile_decode(model: GPT, position: int, steps: int = 20) -> str:
     tokens = torch.randint(0, model.config.vocab_size, (1, position + 1)).to(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with prefilled(model, tokens) as (last, pos), torch.no_grad():
-        model(last, input_pos=pos)
+        step = eager_decode_step(model)
+        step(last, pos)
         with profile(activities=activities) as prof:
             for _ in range(steps):
-                model(last, input_pos=pos)
+                step(last, pos)
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
 
 

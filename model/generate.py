@@ -162,9 +162,7 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int, temperature:
                 max_len = min(block_size, 1 << (max_len - 1).bit_length())  # two, so few lengths ever compile
             model.setup_kv_cache(B, max_len, dtype=decode_cache_dtype(model, B, max_len, compiled=decode is not None),
                                  device=device)
-        # eager one-token steps through the cache on a CPU: flat, the module path's numbers (model/decode.py)
-        eager_step = EagerDecodeStep(model) if use_kv_cache and decode is None and EagerDecodeStep.applies(model) \
-            else None
+        eager_step = eager_decode_step(model) if use_kv_cache and decode is None else None
         positions = torch.arange(window.shape[1], device=device) if use_kv_cache else None
         logits = forward(window, input_pos=positions, last_only=True)
         for drawn in range(1, max_new_tokens + 1):
@@ -189,10 +187,7 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int, temperature:
             elif decode is not None:
                 logits = decode(token[:, None], torch.tensor([n], device=device))
             elif eager_step is not None:
-                with eager_attention_kernels(device):  # (a CPU's: nothing changed) every eager pass runs under it
-                    logits = eager_step(token[:, None], n)
-            elif use_kv_cache:
-                logits = forward(token[:, None], input_pos=torch.tensor([n], device=device))
+                logits = eager_step(token[:, None], n)
             else:
                 logits = forward(window, last_only=True)
     finally:
@@ -201,6 +196,21 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int, temperature:
         model.train(was_training)
     with torch.inference_mode(False):  # the tokens as a plain tensor, which the caller may change in place
         return torch.cat(out, dim=1)
+
+
+def eager_decode_step(model: GPT) -> Callable[[torch.Tensor, int], torch.Tensor]:
+    """The eager `(token (B, 1), position) -> logits (B, 1, vocab)` step generate runs through the KV cache set up
+    on the model: on a CPU the flat step (model/decode.py) where it applies, else the modules' forward, under
+    eager_attention_kernels either way. Built after setup_kv_cache, once per generation."""
+    device = model.tok_emb.weight.device
+    flat = EagerDecodeStep(model) if EagerDecodeStep.applies(model) else None
+
+    def step(token: torch.Tensor, pos: int) -> torch.Tensor:
+        with eager_attention_kernels(device):
+            if flat is not None:
+                return flat(token, pos)
+            return model(token, input_pos=torch.tensor([pos], device=device))[0]
+    return step
 
 
 def compiled_decode_step(model: GPT) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -288,8 +298,8 @@ def step_timings(model: GPT, batch_size: int) -> tuple[float, float]:
 
 
 def eager_step_seconds(model: GPT, batch_size: int, clock: Callable[[], float] = time.perf_counter) -> float:
-    """The best of TIMED_STEPS eager one-token decode steps through a KV cache, as generate runs them (the flat step
-    where it applies, model/decode.py), after a one-token prefill (a cache of TIMED_STEPS + 2 slots, then cleared);
+    """The best of TIMED_STEPS eager one-token decode steps through a KV cache, as generate runs them
+    (eager_decode_step), after a one-token prefill (a cache of TIMED_STEPS + 2 slots, then cleared);
     on a GPU each step waited for."""
     was_training = model.training
     model.eval()
@@ -300,17 +310,14 @@ def eager_step_seconds(model: GPT, batch_size: int, clock: Callable[[], float] =
         model.setup_kv_cache(batch_size, min(model.config.block_size, TIMED_STEPS + 2))
         with eager_attention_kernels(device):
             model(token, input_pos=torch.tensor([0], device=device), last_only=True)
-            flat = EagerDecodeStep(model) if EagerDecodeStep.applies(model) else None
-            best = float("inf")
-            for pos in range(1, min(model.config.block_size, TIMED_STEPS + 1)):
-                wait()
-                t0 = clock()
-                if flat is not None:
-                    flat(token, pos)
-                else:
-                    model(token, input_pos=torch.tensor([pos], device=device))
-                wait()
-                best = min(best, clock() - t0)
+        step = eager_decode_step(model)
+        best = float("inf")
+        for pos in range(1, min(model.config.block_size, TIMED_STEPS + 1)):
+            wait()
+            t0 = clock()
+            step(token, pos)
+            wait()
+            best = min(best, clock() - t0)
     finally:
         model.clear_kv_cache()
         model.train(was_training)
