@@ -78,10 +78,11 @@ def test_the_first_overflowing_layer_is_named_by_every_pass(shape, layers, part,
     assert not (every_pass and torch.isfinite(logits).all())
 
 
-def test_a_decode_step_that_overflows_is_stopped_at_the_token_not_after():
+@pytest.mark.parametrize("attn_impl", ["manual", "sdpa"])  # sdpa: the flat decode step (model/decode.py)
+def test_a_decode_step_that_overflows_is_stopped_at_the_token_not_after(attn_impl):
     """The prefill is finite; the weights then grow (as a later step of training could leave them) and the
     next decode step through the KV cache overflows: stopped there, not sampled as token 0."""
-    model = tiny_model(attn_impl="manual")
+    model = tiny_model(attn_impl=attn_impl)
     drawn = []
 
     def grow(token):
