@@ -39,16 +39,14 @@ import time
 
 import torch
 
+import _decode_model
 import _limits
 import _report
 import model.decode as decode_module
-from common.errors import ArgumentParser, UserError, user_errors_exit
+from common.errors import ArgumentParser, user_errors_exit
 from common.huge_pages import restart_in_huge_pages
 from model import GPT
 from model.generate import decode_cache_dtype, generate
-from model.packed import pack_linears
-from model.quantize import QUANTIZE_MODES, quantize_int8
-from sample_vs_hf import SHAPES
 
 
 def one_round(model: GPT, prompt: torch.Tensor, n_new: int) -> tuple[float, float]:
@@ -200,32 +198,12 @@ def timed_generation(model: GPT, prompt: torch.Tensor, n_new: int) -> StepSplit:
 
 def main() -> None:
     parser = ArgumentParser(prog="decode_vs_floor", description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", default="gpt2-124m", choices=sorted(SHAPES))
-    parser.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
-    parser.add_argument("--quantize", choices=QUANTIZE_MODES, default=None,
-                        help="quantize the model first, as sample.py --quantize does (the LM head by measurement)")
-    parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--prompt", type=int, default=32, help="prompt tokens")
-    parser.add_argument("--rounds", type=int, default=3, help="generations (medians over them reported)")
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    _decode_model.add_flags(parser, new_tokens=128, new_tokens_help="tokens generated a round", rounds=3)
     _report.save_flags(parser)
     args = parser.parse_args()
     with user_errors_exit("decode_vs_floor"):
-        config = SHAPES[args.shape]
-        if args.new_tokens < 3 or args.prompt < 1 or args.prompt + args.new_tokens > config.block_size:
-            raise UserError(f"--new-tokens must be >= 3 and --prompt >= 1, with prompt + new tokens <= "
-                            f"{config.block_size} (the block size of {args.shape})")
-        if args.rounds < 1 or args.threads < 1:
-            raise UserError("--rounds and --threads must be >= 1")
-        torch.set_num_threads(args.threads)
-        dtype = getattr(torch, args.dtype)
-        machine_line = _report.machine(torch_threads=True, extra=[_report.cpu_bf16_support()])
-        print(machine_line, flush=True)
-        torch.manual_seed(0)
-        model = GPT(config).eval().to(dtype)
-        quantized = f"{quantize_int8(model, args.quantize)}; " if args.quantize else ""
-        packing = quantized + (pack_linears(model) or "matmul weights left to F.linear (no oneDNN)")
-        prompt = torch.randint(0, config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(1))
+        machine_line = _decode_model.start(args, least_new_tokens=3)
+        model, packing, prompt = _decode_model.build(args)
         cache = decode_cache_dtype(model, 1, args.prompt + args.new_tokens)
         rows = []  # per round: (decode step, floor pass, StepSplit as it is, StepSplit with the matmuls left out)
         for r in range(args.rounds):

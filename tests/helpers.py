@@ -98,6 +98,16 @@ def run_cli(args: list[str], env_extra: dict[str, str] | None = None, timeout: f
                           timeout=timeout, **kwargs)
 
 
+def run_benchmark(script: Path, args: list[str], results: Path | None, env_extra: dict[str, str] | None = None,
+                  timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run a benchmarks/ script with `args` as its command line would, except that what it saves goes to `results`
+    (a temporary RESULTS.md) instead of benchmarks/RESULTS.md."""
+    code = (f"import runpy, sys; sys.path.insert(0, {str(script.parent)!r}); import _report; "
+            f"_report.RESULTS = __import__('pathlib').Path({str(results)!r}); sys.argv = {[str(script), *args]!r}; "
+            f"runpy.run_path({str(script)!r}, run_name='__main__')")
+    return run_cli(["-c", code], env_extra=env_extra, timeout=timeout)
+
+
 def assert_one_line_error(proc: subprocess.CompletedProcess, prog: str, *fragments: str) -> None:
     """Exit status 2, one line on stderr starting with 'prog: error:', no traceback."""
     lines = [line for line in proc.stderr.splitlines() if line.strip()]

@@ -3,34 +3,25 @@ from the cells it divides; the two paths checked equal before timing, and a disa
 default it appends one section to RESULTS.md; bad input gets one line and exit 2."""
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 
 import pytest
 import torch
 
-from tests.helpers import REPO
+from tests.helpers import REPO, assert_one_line_error, run_benchmark, run_cli
 
 SCRIPT = REPO / "benchmarks" / "decode_paths.py"
 QUICK = ["--shape", "small", "--prompt", "3", "--new-tokens", "6", "--threads", "1"]
 sys.path.insert(0, str(SCRIPT.parent))
+from sample_vs_hf import SHAPES  # noqa: E402  (benchmarks/ on the path first)
 
-
-def run(python_args: list[str]) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, *python_args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
 def test_each_round_times_both_paths_and_save_appends_a_section(tmp_path):
     results = tmp_path / "RESULTS.md"
-    code = (f"import runpy, sys; sys.path.insert(0, {str(SCRIPT.parent)!r}); import _report; "
-            f"_report.RESULTS = __import__('pathlib').Path({str(results)!r}); "
-            f"sys.argv = [{str(SCRIPT)!r}, '--rounds', '2', " + ", ".join(repr(a) for a in QUICK)
-            + f"]; runpy.run_path({str(SCRIPT)!r}, run_name='__main__')")
-    done = run(["-c", code])
+    done = run_benchmark(SCRIPT, ["--rounds", "2", *QUICK], results, env_extra=ONE_THREAD)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = re.findall(r"^\| (\d+|median) \| ([\d.]+) \| ([\d.]+) \| \**([\d.]+)\** \|$", done.stdout, re.M)
     assert [r[0] for r in rows] == ["1", "2", "median"]
@@ -45,7 +36,7 @@ def test_the_check_compares_one_step_both_ways_from_the_same_cache(monkeypatch):
     import decode_paths
     from model import GPT
     from model.decode import EagerDecodeStep
-    model = GPT(decode_paths.SHAPES["small"]).eval()
+    model = GPT(SHAPES["small"]).eval()
     prompt = torch.randint(0, 100, (1, 4), generator=torch.Generator().manual_seed(0))
     assert decode_paths.same_logits(model, prompt)
     original = EagerDecodeStep.__call__
@@ -56,5 +47,4 @@ def test_the_check_compares_one_step_both_ways_from_the_same_cache(monkeypatch):
 @pytest.mark.parametrize("flags", [["--rounds", "0"], ["--threads", "0"], ["--new-tokens", "1"], ["--prompt", "0"],
                                    ["--prompt", "1000", "--new-tokens", "100"]])
 def test_bad_input_gets_one_line_and_exit_2(flags):
-    done = run([str(SCRIPT), *QUICK, *flags, "--no-save"])
-    assert done.returncode == 2 and done.stderr.count("\n") == 1 and done.stderr.startswith("decode_paths: error:")
+    assert_one_line_error(run_cli([str(SCRIPT), *QUICK, *flags, "--no-save"], env_extra=ONE_THREAD), "decode_paths")

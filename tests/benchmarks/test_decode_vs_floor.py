@@ -3,14 +3,13 @@ ratio from the cells it divides, the stretches between the matmuls by kind; the 
 split on their own; by default it appends one section to RESULTS.md; bad input gets one line and exit 2."""
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
 
 import torch
 
-from tests.helpers import REPO
+from tests.helpers import REPO, run_benchmark, run_cli
 
 SCRIPT = REPO / "benchmarks" / "decode_vs_floor.py"
 QUICK = ["--shape", "small", "--prompt", "3", "--new-tokens", "6", "--threads", "1"]
@@ -21,18 +20,12 @@ SHAPES_SMALL_LAYERS = SHAPES["small"].n_layer
 
 
 def run(python_args: list[str]) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, *python_args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
+    return run_cli(python_args, env_extra={"OMP_NUM_THREADS": "1"}, timeout=300)
 
 
 def test_each_round_sets_its_floor_pass_against_its_decode_step_and_save_appends_a_section(tmp_path):
     results = tmp_path / "RESULTS.md"
-    code = (f"import runpy, sys; sys.path.insert(0, {str(SCRIPT.parent)!r}); import _report; "
-            f"_report.RESULTS = __import__('pathlib').Path({str(results)!r}); "
-            f"sys.argv = [{str(SCRIPT)!r}, '--rounds', '2', " + ", ".join(repr(a) for a in QUICK)
-            + f"]; runpy.run_path({str(SCRIPT)!r}, run_name='__main__')")
-    done = run(["-c", code])
+    done = run_benchmark(SCRIPT, ["--rounds", "2", *QUICK], results, env_extra={"OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     number = r"([\d.]+)"
     rows = re.findall(rf"^\| (\d+|median) \| {number} \| {number} \| \**{number}\** \| {number} \| {number} \| "
@@ -69,7 +62,7 @@ def test_the_floor_pass_runs_once_per_token_on_the_models_own_matmul_modules():
     import decode_vs_floor
     import _limits
     from model import GPT
-    model = GPT(decode_vs_floor.SHAPES["small"]).eval()
+    model = GPT(SHAPES["small"]).eval()
     calls = []
     for m in _limits.matmul_modules(model)[:-1]:
         m.module.register_forward_hook(lambda module, args, out: calls.append(args[0].shape[1]))
@@ -87,7 +80,7 @@ def test_the_matmuls_left_out_runs_no_matmul_module_and_puts_every_one_back():
     very modules back; a generation inside it calls none of them."""
     import decode_vs_floor
     from model import GPT
-    model = GPT(decode_vs_floor.SHAPES["small"]).eval()
+    model = GPT(SHAPES["small"]).eval()
     modules = [getattr(parent, attr) for _, parent, attr in model.matmul_slots()]
     calls = []
     for module in modules:
@@ -110,7 +103,7 @@ def test_every_matmul_call_is_timed_in_slot_order_and_the_methods_are_put_back()
     a method already shadowed on an instance before is shadowed by that one again."""
     import decode_vs_floor
     from model import GPT
-    model = GPT(decode_vs_floor.SHAPES["small"]).eval()
+    model = GPT(SHAPES["small"]).eval()
     idx = torch.tensor([[3, 1, 4, 1]])
     with torch.no_grad():
         expected = model(idx)[0]

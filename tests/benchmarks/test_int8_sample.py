@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, prepared_shakespeare_dir
+from tests.helpers import REPO, prepared_shakespeare_dir, run_benchmark
 
 SCRIPT = REPO / "benchmarks" / "int8_sample.py"
 NAMES = ["float32", "bfloat16", "int8/float32", "int8/float32 head int8", "int8/bfloat16", "int8/bfloat16 head int8",
@@ -50,12 +50,8 @@ def test_a_random_shape_gets_a_row_per_variant():
 def test_a_runs_checkpoint_gets_val_losses_and_save_appends_a_section(trained, data_dir, tmp_path):
     out, model = trained
     results = tmp_path / "RESULTS.md"
-    code = (f"import runpy, sys; sys.path.insert(0, {str(SCRIPT.parent)!r}); import _report; "
-            f"_report.RESULTS = __import__('pathlib').Path({str(results)!r}); "
-            f"sys.argv = [{str(SCRIPT)!r}, '--ckpt', {str(out)!r}, '--val-batches', '2', '--save', "
-            + ", ".join(repr(a) for a in QUICK) + f"]; runpy.run_path({str(SCRIPT)!r}, run_name='__main__')")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "ATTNGPT_DATA_DIR": str(data_dir)}
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    done = run_benchmark(SCRIPT, ["--ckpt", str(out), "--val-batches", "2", "--save", *QUICK], results,
+                         env_extra={"OMP_NUM_THREADS": "1", "ATTNGPT_DATA_DIR": str(data_dir)})
     assert done.returncode == 0, done.stderr[-3000:]
     rows = table_rows(done.stdout)
     assert list(rows) == NAMES

@@ -12,7 +12,7 @@ import torch
 
 from model import GPT, ModelConfig
 from model.generate import generate
-from tests.helpers import REPO
+from tests.helpers import REPO, run_benchmark
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import _limits  # noqa: E402  (benchmarks/ is not a package)
@@ -155,10 +155,7 @@ def run_script(*args: str, results=None) -> subprocess.CompletedProcess:
     argv = [str(SCRIPT), "--shapes", "small", "--new-tokens", "4", "--rounds", "1", *args]
     if results is None:
         argv.append("--no-save")
-    code = (f"import runpy, sys; sys.path.insert(0, {str(SCRIPT.parent)!r}); import _report; "
-            f"_report.RESULTS = __import__('pathlib').Path({str(results)!r}); sys.argv = {argv!r}; "
-            f"runpy.run_path({str(SCRIPT)!r}, run_name='__main__')")
-    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600)
+    return run_benchmark(SCRIPT, argv[1:], results, timeout=600)
 
 
 def limits_rows(text: str, through_sample_py: bool = False) -> tuple[str, str]:
