@@ -30,7 +30,7 @@ s += """Results:
   - seed 1337: 71–79 % in every induction head;
   - seed 2: 62–87 % in every induction head;
   - seed 1: 35–48 %. This is the seed that spreads its keys: L0.H1 takes −0.07 to −0.11 as well.
-- This matches the issue's measurement (0.32–0.88 against ≤ 0.22).
+- This matches the earlier measurement (0.32–0.88 against ≤ 0.22).
 
 **The edge forms at the phase change, causally too.** Below, the PT cut's Δ induction and the chosen z of the
 same edge over training, per induction head:
