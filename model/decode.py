@@ -38,18 +38,13 @@ from typing import Callable
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.modules import module as module_globals
 
 from model.gpt import (GPT, HEAD_COLUMNS_MAX_ROWS, CausalSelfAttention, GeluMLP, LayerNorm, RMSNorm, SwiGLU,
                        apply_rope, fused_attention)
-from model.packed import PackedLinear, onednn_packs
+from model.packed import PackedLinear, onednn_packs, weight_key
 
 Kernel = Callable[[torch.Tensor], torch.Tensor]
-
-
-def weight_key(weight: torch.Tensor) -> tuple:
-    """What a copy derived from `weight` was made from: its storage, its version (moved by any in-place change) and
-    dtype (PackedLinear and GPT.head_columns key their copies the same way)."""
-    return weight.data_ptr(), weight._version, weight.dtype
 
 
 def norm_kernel(norm: nn.Module) -> Kernel:
@@ -147,7 +142,6 @@ class LayerStep:
 
 def has_hooks(model: nn.Module) -> bool:
     """Whether any forward hook, on one of the model's modules or global, would expect a module to be called."""
-    from torch.nn.modules import module as module_globals
     if module_globals._global_forward_hooks or module_globals._global_forward_pre_hooks:
         return True
     return any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from common.device import torch_version
 from common.errors import UserError
 from model.config import ModelConfig
-from model.packed import PackedLinear
+from model.packed import PackedLinear, weight_key
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -672,7 +672,7 @@ class GPT(nn.Module):
         """The LM head's weight transposed and contiguous, (d_model, vocab_size): cached, rebuilt after any
         change to the weight (a training step, load_state_dict, a cast or a move)."""
         weight = self.lm_head.weight
-        key = (weight.data_ptr(), weight._version, weight.dtype, weight.device)
+        key = (*weight_key(weight), weight.device)
         cached = self.__dict__.get("_head_columns")
         if cached is None or cached[0] != key:
             with torch.inference_mode(False), torch.no_grad():  # a plain tensor, even when made while generating

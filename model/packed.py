@@ -60,6 +60,12 @@ def onednn_packs(dtype: torch.dtype) -> bool:
     return bool((product == 16).all())
 
 
+def weight_key(weight: torch.Tensor) -> tuple:
+    """What a copy derived from `weight` was made from: its storage, its version (moved by any in-place change) and
+    its dtype. A copy whose key no longer matches is stale."""
+    return weight.data_ptr(), weight._version, weight.dtype
+
+
 class PackedLinear(nn.Module):
     """An nn.Linear's weight and bias (the same Parameters) with a oneDNN-packed copy of the weight for
     no-grad CPU calls. in: (..., in_features) -> out: (..., out_features)."""
@@ -75,7 +81,7 @@ class PackedLinear(nn.Module):
         """The weight in oneDNN's layout for a 1-row input (an opaque tensor: only oneDNN's kernels read it),
         packed again after any change to the weight."""
         weight = self.weight
-        key = (weight.data_ptr(), weight._version, weight.dtype)
+        key = weight_key(weight)
         if self._packed is None or self._packed[0] != key:
             with torch.inference_mode(False), torch.no_grad():  # a plain tensor, even when made while generating
                 self._packed = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1))

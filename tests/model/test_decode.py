@@ -31,6 +31,11 @@ def lively(dtype: torch.dtype = torch.float32, seed: int = 0, **overrides) -> GP
     return model.to(dtype)
 
 
+def cache_buffers(model: GPT) -> list[torch.Tensor]:
+    """Every layer's k and v cache buffers, in order."""
+    return [t for block in model.blocks for t in (block.attn.kv_cache.k_cache, block.attn.kv_cache.v_cache)]
+
+
 def both_steps(model: GPT, batch: int, pos: int, cache_dtype: torch.dtype, seed: int = 0
                ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     """(module path logits, flat step logits, caches after each) for one token at `pos` after a prefill of
@@ -42,18 +47,14 @@ def both_steps(model: GPT, batch: int, pos: int, cache_dtype: torch.dtype, seed:
         with torch.inference_mode():
             if pos:
                 model(prompt[:, :pos], input_pos=torch.arange(pos))
-            before = [t.clone() for block in model.blocks for t in (block.attn.kv_cache.k_cache,
-                                                                      block.attn.kv_cache.v_cache)]
+            before = [t.clone() for t in cache_buffers(model)]
             expected = model(prompt[:, pos:], input_pos=torch.tensor([pos]))[0]
-            after_modules = [t.clone() for block in model.blocks for t in (block.attn.kv_cache.k_cache,
-                                                                             block.attn.kv_cache.v_cache)]
-            for block, k, v in zip(model.blocks, before[::2], before[1::2]):  # back to the prefill's contents
-                block.attn.kv_cache.k_cache.copy_(k)
-                block.attn.kv_cache.v_cache.copy_(v)
+            after_modules = [t.clone() for t in cache_buffers(model)]
+            for buffer, prefilled in zip(cache_buffers(model), before):  # back to the prefill's contents
+                buffer.copy_(prefilled)
             assert EagerDecodeStep.applies(model)
             got = EagerDecodeStep(model)(prompt[:, pos:], pos)
-            after_flat = [t.clone() for block in model.blocks for t in (block.attn.kv_cache.k_cache,
-                                                                          block.attn.kv_cache.v_cache)]
+            after_flat = [t.clone() for t in cache_buffers(model)]
     finally:
         model.clear_kv_cache()
     return expected, got, after_modules, after_flat
@@ -160,8 +161,7 @@ def test_a_position_outside_the_cache_is_refused_and_nothing_is_written():
             for outside in (4, -1):
                 with pytest.raises(IndexError, match="outside the cache"):
                     step(torch.tensor([[1]]), outside)
-            assert not any(block.attn.kv_cache.k_cache.any() or block.attn.kv_cache.v_cache.any()
-                           for block in model.blocks)
+            assert not any(buffer.any() for buffer in cache_buffers(model))
     finally:
         model.clear_kv_cache()
 
