@@ -176,15 +176,15 @@ class EagerDecodeStep:
         self.rope_freqs = model.rope_freqs if model.config.pos == "rope" else None  # (block_size, D/2, 2)
         self.final_norm = norm_kernel(model.final_norm)
         self.head = head_kernel(model, self.layers[0].k_cache.shape[0], self.derived)
+        self.slots = self.layers[0].k_cache.shape[2]  # the cache's positions
 
     def current(self) -> bool:
         """Whether every packed or transposed copy still matches its weight."""
         return all(weight_key(weight) == key for weight, key in self.derived)
 
     def __call__(self, token: torch.Tensor, pos: int) -> torch.Tensor:
-        slots = self.layers[0].k_cache.shape[2]
-        if not 0 <= pos < slots:  # a negative one would index from the end
-            raise IndexError(f"position {pos} is outside the cache's {slots} slots")
+        if not 0 <= pos < self.slots:  # a negative one would index from the end
+            raise IndexError(f"position {pos} is outside the cache's {self.slots} slots")
         if not self.current():
             self.bind()
         x = F.embedding(token, self.tok_emb)  # (B, 1, d_model)
