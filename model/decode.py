@@ -40,21 +40,22 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.modules import module as module_globals
 
-from model.gpt import (GPT, HEAD_COLUMNS_MAX_ROWS, CausalSelfAttention, GeluMLP, LayerNorm, RMSNorm, SwiGLU,
-                       apply_rope, fused_attention)
+from model.gpt import (GPT, HEAD_COLUMNS_MAX_ROWS, SDPA_HAS_GQA, CausalSelfAttention, GeluMLP, LayerNorm, RMSNorm,
+                       SwiGLU, _all_finite, apply_rope, repeat_kv)
 from model.packed import PackedLinear, onednn_packs, weight_key
 
 Kernel = Callable[[torch.Tensor], torch.Tensor]
 
 
 def norm_kernel(norm: nn.Module) -> Kernel:
-    """x (..., d) -> norm(x), the norm's own functional call on its own tensors; any other module as itself."""
+    """x (..., d) -> norm(x), the aten op F.layer_norm or F.rms_norm calls, on the norm's own tensors (without the
+    functional's Python wrapper, a few microseconds 25 times a step); any other module as itself."""
     if isinstance(norm, LayerNorm):
-        return functools.partial(F.layer_norm, normalized_shape=(norm.weight.shape[0],), weight=norm.weight,
-                                 bias=norm.bias, eps=norm.eps)
+        shape, weight, bias, eps = (norm.weight.shape[0],), norm.weight, norm.bias, norm.eps
+        return lambda x: torch.layer_norm(x, shape, weight, bias, eps)
     if isinstance(norm, RMSNorm):
-        return functools.partial(F.rms_norm, normalized_shape=(norm.weight.shape[0],), weight=norm.weight,
-                                 eps=norm.eps)
+        shape, weight, eps = (norm.weight.shape[0],), norm.weight, norm.eps
+        return lambda x: torch.rms_norm(x, shape, weight, eps)
     return norm
 
 
@@ -103,8 +104,8 @@ def head_kernel(model: GPT, batch: int, derived: list[tuple[torch.Tensor, tuple]
 
 class LayerStep:
     """One block's part of a decode step: its tensors and kernels, looked up once (EagerDecodeStep)."""
-    __slots__ = ("attn_norm", "qkv_proj", "out_proj", "mlp_norm", "mlp", "k_cache", "v_cache", "head_patch",
-                 "wide_cache", "float32_attention", "n_head", "n_kv_head", "head_dim")
+    __slots__ = ("attn_norm", "qkv_proj", "out_proj", "mlp_norm", "mlp", "kv", "k_cache", "v_cache", "head_patch",
+                 "dtype", "attn_dtype", "cast_cache", "n_head", "n_kv_head", "head_dim", "n_rep")
 
     def __init__(self, block: nn.Module, dtype: torch.dtype, derived: list[tuple[torch.Tensor, tuple]]):
         attn: CausalSelfAttention = block.attn
@@ -112,12 +113,18 @@ class LayerStep:
         self.qkv_proj = linear_kernel(attn.qkv_proj, dtype, derived)
         self.out_proj = linear_kernel(attn.out_proj, dtype, derived)
         self.mlp = mlp_kernel(block.mlp, dtype, derived)
-        self.k_cache, self.v_cache = attn.kv_cache.k_cache, attn.kv_cache.v_cache  # (B, n_kv_head, max_len, D)
+        self.kv = attn.kv_cache.kv  # (2, B, n_kv_head, max_len, D): keys, then values
+        self.k_cache, self.v_cache = self.kv[0], self.kv[1]  # (B, n_kv_head, max_len, D) each
         self.head_patch = attn.head_patch
-        # a float32 cache under a narrower model is attended over in float32, as stored (model/gpt.py, section 4)
-        self.wide_cache = self.k_cache.dtype == torch.float32 and dtype != torch.float32
-        self.float32_attention = self.wide_cache or attn.attention_kernel == "fused float32"
         self.n_head, self.n_kv_head, self.head_dim = attn.n_head, attn.n_kv_head, attn.head_dim
+        self.n_rep = attn.n_head // attn.n_kv_head
+        # the dtype attention runs in, as the module path picks it (model/gpt.py, sections 4-5): float32 for a
+        # float32 cache under a narrower model or the fused float32 kernel setting (a float64 model stays float64),
+        # else the model's; decided here so that a step converts only what differs
+        wide_cache = self.kv.dtype == torch.float32 and dtype != torch.float32
+        float32 = (wide_cache or attn.attention_kernel == "fused float32") and torch.finfo(dtype).bits < 32
+        self.dtype, self.attn_dtype = dtype, torch.float32 if float32 else dtype
+        self.cast_cache = self.kv.dtype != self.attn_dtype
 
     def __call__(self, x: torch.Tensor, rope: torch.Tensor | None, pos: int) -> torch.Tensor:
         """x (B, 1, d_model), the residual stream at position pos -> the block's output, (B, 1, d_model)."""
@@ -125,15 +132,34 @@ class LayerStep:
         n_head, n_kv_head, head_dim = self.n_head, self.n_kv_head, self.head_dim
         n_qk = n_head + n_kv_head
         qkv = self.qkv_proj(self.attn_norm(x)).view(B, 1, n_qk + n_kv_head, head_dim)  # (B, 1, heads of q|k|v, D)
-        qk = qkv[:, :, :n_qk] if rope is None else apply_rope(qkv[:, :, :n_qk], rope)  # q and k rotated together
-        # the new k, v rows (B, n_kv_head, D) into slot pos, converted to the cache's dtype as they are copied
-        self.k_cache[:, :, pos].copy_(qk[:, 0, n_head:])
-        self.v_cache[:, :, pos].copy_(qkv[:, 0, n_qk:])
-        k, v = self.k_cache[:, :, :pos + 1], self.v_cache[:, :, :pos + 1]  # the written prefix: all of it is seen
-        q = qk[:, :, :n_head].transpose(1, 2)  # (B, n_head, 1, D)
-        if not self.wide_cache:  # any other cache is read in q's dtype (free where they match)
-            k, v = k.to(q.dtype), v.to(q.dtype)
-        out = fused_attention(q, k, v, None, causal=False, float32=self.float32_attention)  # (B, n_head, 1, D)
+        # the new k, v rows into slot pos, converted to the cache's dtype as they are copied; views by narrow and
+        # select rather than indexing, whose parsing costs more than the view here
+        if rope is None:  # k and v side by side in qkv: both in one copy, (B, 2, n_kv_head, D) -> (2, B, ...)
+            kv_new = qkv.narrow(2, n_head, 2 * n_kv_head).view(B, 2, n_kv_head, head_dim).transpose(0, 1)
+            self.kv.select(3, pos).copy_(kv_new)
+            q = qkv.narrow(2, 0, n_head)  # (B, 1, n_head, D)
+        else:  # q and k rotated together, a new tensor: k from there, v from qkv
+            qk = apply_rope(qkv.narrow(2, 0, n_qk), rope)
+            self.k_cache.select(2, pos).copy_(qk.select(1, 0).narrow(1, n_head, n_kv_head))
+            self.v_cache.select(2, pos).copy_(qkv.select(1, 0).narrow(1, n_qk, n_kv_head))
+            q = qk.narrow(2, 0, n_head)
+        # the written prefix, all of it seen, (B, n_kv_head, pos + 1, D); q (B, n_head, 1, D), in attn_dtype
+        k, v = self.k_cache.narrow(2, 0, pos + 1), self.v_cache.narrow(2, 0, pos + 1)
+        q = q.transpose(1, 2)
+        if self.cast_cache:
+            k, v = k.to(self.attn_dtype), v.to(self.attn_dtype)
+        if self.attn_dtype != self.dtype:
+            q = q.to(self.attn_dtype)
+        # fused_attention's call (model/gpt.py) without its per-call choices, made in __init__: no mask, shared kv
+        # heads read in place where the kernel can (enable_gqa), repeated otherwise
+        if self.n_rep == 1:
+            out = F.scaled_dot_product_attention(q, k, v)  # (B, n_head, 1, D)
+        elif SDPA_HAS_GQA:
+            out = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        else:
+            out = F.scaled_dot_product_attention(q, repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep))
+        if self.attn_dtype != self.dtype:
+            out = out.to(self.dtype)
         if self.head_patch is not None:
             out = self.head_patch.apply(out)
         x = x + self.out_proj(out.reshape(B, 1, n_head * head_dim))  # (B, n_head, 1, D) holds the heads side by side
@@ -176,7 +202,7 @@ class EagerDecodeStep:
         self.rope_freqs = model.rope_freqs if model.config.pos == "rope" else None  # (block_size, D/2, 2)
         self.final_norm = norm_kernel(model.final_norm)
         self.head = head_kernel(model, self.layers[0].k_cache.shape[0], self.derived)
-        self.slots = self.layers[0].k_cache.shape[2]  # the cache's positions
+        self.slots = self.layers[0].kv.shape[3]  # the cache's positions
 
     def current(self) -> bool:
         """Whether every packed or transposed copy still matches its weight."""
@@ -194,6 +220,7 @@ class EagerDecodeStep:
         for layer in self.layers:
             x = layer(x, rope, pos)
         logits = self.head(self.final_norm(x))  # (B, 1, vocab_size)
-        # every pass's check that its numbers are finite; where they are not, it replays the modules to say where
-        self.model._check_finite(logits, token, torch.tensor([pos]), None)
+        # every pass's check that its numbers are finite; where they are not, the modules' replay says where
+        if not _all_finite(logits):
+            self.model._check_finite(logits, token, torch.tensor([pos]), None)
         return logits

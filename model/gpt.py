@@ -245,37 +245,43 @@ class KVCache(nn.Module):
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
         super().__init__()
         shape = (batch_size, n_kv_head, max_len, head_dim)
-        # not part of the model's state: never saved in checkpoints
-        self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        # keys and values in one buffer (2, B, n_kv_head, max_len, head_dim), so that a decode step writes both of
+        # a slot in one copy (model/decode.py); not part of the model's state: never saved in checkpoints
+        self.register_buffer("kv", torch.zeros((2, *shape), dtype=dtype, device=device), persistent=False)
+
+    @property
+    def k_cache(self) -> torch.Tensor:
+        return self.kv[0]  # (B, n_kv_head, max_len, head_dim), a view
+
+    @property
+    def v_cache(self) -> torch.Tensor:
+        return self.kv[1]
 
     def update(self, input_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k, v (B, n_kv_head, T, head_dim) at positions input_pos (T,); return the full buffers
         (B, n_kv_head, max_len, head_dim). Positions not yet written hold zeros, and the caller's mask
-        hides them."""
-        k_cache, v_cache = self.k_cache, self.v_cache
-        one_slot = k_cache.shape[:2] + (1,) + k_cache.shape[3:]  # what index_copy_ would accept for one position
+        hides them. Each half of the buffer is viewed again after the other is written: under grad, a view taken
+        before an in-place write to its base would be stale."""
+        one_slot = self.kv.shape[1:3] + (1,) + self.kv.shape[4:]  # what index_copy_ would accept for one position
         if k.shape == one_slot and k.device.type == "cpu" and not torch.compiler.is_compiling():
             return self._write_slot(int(input_pos), k[:, :, 0], v[:, :, 0])
-        k_cache.index_copy_(2, input_pos, k.to(k_cache.dtype))
-        v_cache.index_copy_(2, input_pos, v.to(v_cache.dtype))
-        return k_cache, v_cache
+        self.k_cache.index_copy_(2, input_pos, k.to(self.kv.dtype))
+        self.v_cache.index_copy_(2, input_pos, v.to(self.kv.dtype))
+        return self.k_cache, self.v_cache
 
     def _write_slot(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v (B, n_kv_head, head_dim) into slot `slot`. copy_ converts to the cache's dtype as it writes, one
         kernel per tensor, where index_copy_ needs a converted copy first (its source must have the buffer's
         dtype)."""
-        k_cache, v_cache = self.k_cache, self.v_cache
-        if not 0 <= slot < k_cache.shape[2]:
-            raise IndexError(f"position {slot} is outside the cache's {k_cache.shape[2]} slots")
-        k_cache.select(2, slot).copy_(k)
-        v_cache.select(2, slot).copy_(v)
-        return k_cache, v_cache
+        if not 0 <= slot < self.kv.shape[3]:
+            raise IndexError(f"position {slot} is outside the cache's {self.kv.shape[3]} slots")
+        self.k_cache.select(2, slot).copy_(k)
+        self.v_cache.select(2, slot).copy_(v)
+        return self.k_cache, self.v_cache
 
     def reset(self) -> None:
-        """Zero both buffers in place (they keep their identity, which compiled code guards on)."""
-        self.k_cache.zero_()
-        self.v_cache.zero_()
+        """Zero the buffer in place (it keeps its identity, which compiled code guards on)."""
+        self.kv.zero_()
 
 # --------------------------------------------------------------------------------------------------------------------
 # 5. Causal self-attention: the projections around the formula, grouped-query heads, RoPE, the cache
@@ -712,7 +718,7 @@ class GPT(nn.Module):
             self.__dict__["_kv_pool"] = (key, caches, self.causal_table)
         for block, cache in zip(self.blocks, caches):
             block.attn.kv_cache = cache
-        return sum(cache.k_cache.nbytes + cache.v_cache.nbytes for cache in caches)
+        return sum(cache.kv.nbytes for cache in caches)
 
     def clear_kv_cache(self) -> None:
         """Back to plain forward passes (the buffers stay pooled for the next setup_kv_cache)."""
