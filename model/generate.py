@@ -146,8 +146,9 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int, temperature:
     was_training = model.training
     model.eval()
     out = [prompt]
-    window = prompt  # (B, n): the tokens the model currently sees
-    finished = torch.zeros(B, dtype=torch.bool, device=device)
+    window = prompt  # (B, n): the tokens the model currently sees; through a KV cache only made when it slides
+    seen = prompt.shape[1]  # n, the window's length
+    finished = [False] * B  # per row: has it drawn stop_token
     decode = compiled_decode_step(model) if (compile and use_kv_cache) else None
 
     def forward(tokens: torch.Tensor, **kwargs) -> torch.Tensor:  # an eager pass -> logits
@@ -172,16 +173,15 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int, temperature:
                 # a plain tensor, which the caller may keep and train on; its code runs without grad, as before
                 with torch.inference_mode(False), torch.no_grad():
                     on_token(token.clone())
-            if stop_token is not None:
-                finished |= token == stop_token
-                if bool(finished.all()):
+            if stop_token is not None:  # on the host: one transfer, where tensor ops would be four a token
+                finished = [done or drawn_id == stop_token for done, drawn_id in zip(finished, token.tolist())]
+                if all(finished):
                     break
             if drawn == max_new_tokens:  # the last token: no step after it, its logits would go unused
                 break
-            n = window.shape[1]
-            window = torch.cat([window, token[:, None]], dim=1)
+            n, seen = seen, seen + 1
             if n == block_size:  # no room for the new token: slide, keep the last `keep` tokens
-                window = window[:, -keep:]
+                window, seen = torch.cat(out, dim=1)[:, -keep:], keep
                 positions = torch.arange(keep, device=device) if use_kv_cache else None  # prefilled again at 0..
                 logits = forward(window, input_pos=positions, last_only=True)
             elif decode is not None:
@@ -189,6 +189,7 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int, temperature:
             elif eager_step is not None:
                 logits = eager_step(token[:, None], n)
             else:
+                window = torch.cat([window, token[:, None]], dim=1)
                 logits = forward(window, last_only=True)
     finally:
         if use_kv_cache:
