@@ -43,6 +43,7 @@ from torch.nn.modules import module as module_globals
 from model.gpt import (GPT, HEAD_COLUMNS_MAX_ROWS, SDPA_HAS_GQA, CausalSelfAttention, GeluMLP, LayerNorm, RMSNorm,
                        SwiGLU, _all_finite, apply_rope, repeat_kv)
 from model.packed import PackedLinear, onednn_packs, weight_key
+from model.quantize import Int8Linear
 
 Kernel = Callable[[torch.Tensor], torch.Tensor]
 
@@ -59,28 +60,37 @@ def norm_kernel(norm: nn.Module) -> Kernel:
     return norm
 
 
-def linear_kernel(linear: nn.Module, dtype: torch.dtype, derived: list[tuple[torch.Tensor, tuple]]) -> Kernel:
-    """x (..., in) -> linear(x) as the layer itself computes it for an input of `dtype` without grad on a CPU: a
-    PackedLinear on its packed copy (its weight and that copy's key appended to `derived`, checked at every step) or,
-    where it does not pack `dtype`, F.linear, as PackedLinear.forward chooses; an nn.Linear by F.linear; any other
-    layer (model/quantize.py's Int8Linear) by its own forward."""
+def linear_kernel(linear: nn.Module, dtype: torch.dtype, batch: int, derived: list[tuple[torch.Tensor, tuple]]
+                  ) -> Kernel:
+    """x (batch, 1, in) -> linear(x) as the layer itself computes it for an input of `dtype` without grad on a CPU:
+    a PackedLinear on its packed copy (its weight and that copy's key appended to `derived`, checked at every step)
+    or, where it does not pack `dtype`, F.linear, as PackedLinear.forward chooses; an nn.Linear by F.linear; an
+    Int8Linear (model/quantize.py) by its one-row kernel at batch 1, else by its forward; any other layer by its
+    own forward."""
     if isinstance(linear, PackedLinear):
         weight, bias = linear.weight, linear.bias
         if weight.dtype != dtype or not onednn_packs(dtype):
             return functools.partial(F.linear, weight=weight, bias=bias)
         packed = linear.packed_weight()  # packed again here if the weight changed since
         derived.append((weight, weight_key(weight)))
-        return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+        # the operator itself (OpOverload._op, where this torch has it), without the ~0.6 us of the op packet's
+        # Python __call__ around it, 49 times a GPT-2 step
+        pointwise = torch.ops.mkldnn._linear_pointwise.default
+        pointwise = getattr(pointwise, "_op", pointwise)
+        return lambda x: pointwise(x, packed, bias, "none", [], "")
     if isinstance(linear, nn.Linear):
         return functools.partial(F.linear, weight=linear.weight, bias=linear.bias)
+    if isinstance(linear, Int8Linear) and batch == 1:
+        return linear.one_row_kernel() or linear.forward
     return linear.forward
 
 
-def mlp_kernel(mlp: nn.Module, dtype: torch.dtype, derived: list[tuple[torch.Tensor, tuple]]) -> Kernel:
-    """x (..., d_model) -> mlp(x) in eval mode (no dropout), its two matmuls as linear_kernel runs them; any other
-    MLP module as itself."""
+def mlp_kernel(mlp: nn.Module, dtype: torch.dtype, batch: int, derived: list[tuple[torch.Tensor, tuple]]) -> Kernel:
+    """x (batch, 1, d_model) -> mlp(x) in eval mode (no dropout), its two matmuls as linear_kernel runs them; any
+    other MLP module as itself."""
     if isinstance(mlp, (GeluMLP, SwiGLU)):
-        fc_in, fc_out = linear_kernel(mlp.fc_in, dtype, derived), linear_kernel(mlp.fc_out, dtype, derived)
+        fc_in, fc_out = (linear_kernel(mlp.fc_in, dtype, batch, derived),
+                         linear_kernel(mlp.fc_out, dtype, batch, derived))
         if isinstance(mlp, GeluMLP):
             return lambda x: fc_out(F.gelu(fc_in(x), approximate="tanh"))
 
@@ -99,7 +109,7 @@ def head_kernel(model: GPT, batch: int, derived: list[tuple[torch.Tensor, tuple]
     if isinstance(model.lm_head, nn.Linear) and batch <= HEAD_COLUMNS_MAX_ROWS:
         derived.append((model.lm_head.weight, weight_key(model.lm_head.weight)))
         return functools.partial(torch.matmul, other=model.head_columns())
-    return linear_kernel(model.lm_head, dtype, derived)
+    return linear_kernel(model.lm_head, dtype, batch, derived)
 
 
 class LayerStep:
@@ -109,11 +119,12 @@ class LayerStep:
 
     def __init__(self, block: nn.Module, dtype: torch.dtype, derived: list[tuple[torch.Tensor, tuple]]):
         attn: CausalSelfAttention = block.attn
-        self.attn_norm, self.mlp_norm = norm_kernel(block.attn_norm), norm_kernel(block.mlp_norm)
-        self.qkv_proj = linear_kernel(attn.qkv_proj, dtype, derived)
-        self.out_proj = linear_kernel(attn.out_proj, dtype, derived)
-        self.mlp = mlp_kernel(block.mlp, dtype, derived)
         self.kv = attn.kv_cache.kv  # (2, B, n_kv_head, max_len, D): keys, then values
+        batch = self.kv.shape[1]
+        self.attn_norm, self.mlp_norm = norm_kernel(block.attn_norm), norm_kernel(block.mlp_norm)
+        self.qkv_proj = linear_kernel(attn.qkv_proj, dtype, batch, derived)
+        self.out_proj = linear_kernel(attn.out_proj, dtype, batch, derived)
+        self.mlp = mlp_kernel(block.mlp, dtype, batch, derived)
         self.k_cache, self.v_cache = self.kv[0], self.kv[1]  # (B, n_kv_head, max_len, D) each
         self.head_patch = attn.head_patch
         self.n_head, self.n_kv_head, self.head_dim = attn.n_head, attn.n_kv_head, attn.head_dim

@@ -339,11 +339,22 @@ class Int8Linear(nn.Module):
                     return self._digit_row(x)
                 return self._digits(x)
             if x.numel() == self.in_features:
-                # one token (a batch-1 decode step), first and with as little Python as can be, ~50 of them a
-                # token: FBGEMM quantizes the row (its min/max, 0 included, over 256 levels), multiplies, adds the
-                # bias (reduce_range True: 128 levels, where 256 saturate this CPU's kernel: activation_levels)
-                return torch.ops.quantized.linear_dynamic(x.float(), self._fbgemm_weight, self.levels < 256).to(x.dtype)
+                return self._dynamic_row(x)
         return self.run(x, one_row_kernels=not torch.compiler.is_compiling())
+
+    def one_row_kernel(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """What forward runs for one row (x.numel() == in_features) that takes no gradient, outside compiled code:
+        for a caller that runs many such rows and looks it up once (model/decode.py's flat decode step); None where
+        forward has no kernel of its own for a row (no FBGEMM here)."""
+        if self._fbgemm_weight is None:
+            return None
+        return self._digit_row if self.mode == "int8" else self._dynamic_row
+
+    def _dynamic_row(self, x: torch.Tensor) -> torch.Tensor:
+        """int8-dynamic for one token (a batch-1 decode step), with as little Python as can be, ~50 of them a token:
+        FBGEMM quantizes the row (its min/max, 0 included, over 256 levels), multiplies, adds the bias
+        (reduce_range True: 128 levels, where 256 saturate this CPU's kernel: activation_levels)."""
+        return torch.ops.quantized.linear_dynamic(x.float(), self._fbgemm_weight, self.levels < 256).to(x.dtype)
 
     def _digit_row(self, x: torch.Tensor) -> torch.Tensor:
         """_digits for one row (a decode step, ~50 of them a token), in as few ops and as little Python as can be:
