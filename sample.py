@@ -22,6 +22,7 @@ odd prompts do: docs/sampling.md (and a prompt may start with a dash: `--prompt 
 from __future__ import annotations
 
 import argparse
+import codecs
 import math
 import sys
 import time
@@ -31,6 +32,7 @@ from common import console
 from common.errors import ArgumentParser, UserError, out_of_memory, user_errors_exit
 from common.huge_pages import restart_in_huge_pages
 from common.paths import path_argument, path_text_argument
+from data.tokenizer import REPLACEMENT_CHAR
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "small.yaml"
 PROMPT_FILE_LIMIT = 1_000_000  # bytes: far more than any block_size of text, far less than memory
@@ -280,15 +282,24 @@ def read_prompt_file(path: Path) -> str:
 
 
 class StreamPrinter:
-    """Prints a single sample as it is generated. Text is decoded from all tokens so far and only the
-    new suffix is printed, holding back an incomplete UTF-8 character (a BPE token can end mid-char)."""
+    """Prints a single sample as it is generated, the text decode gives for all its tokens, written as it settles.
+
+    A byte-level tokenizer's (one with token_bytes: tiktoken's) text is its tokens' bytes read as UTF-8: each new
+    token's bytes go through an incremental UTF-8 decoder, which holds back a character split across tokens (a
+    BPE token can end mid-character), in the same time at every length. Any other tokenizer's text is decoded from
+    all tokens so far and only the new suffix printed, holding back a trailing U+FFFD (maybe half a character)."""
 
     def __init__(self, tokenizer, prompt_ids: list[int]):
         self.tokenizer = tokenizer
+        self.token_bytes = getattr(tokenizer, "token_bytes", None)
+        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")  # as decode's errors="replace"
         self.ids = list(prompt_ids)
-        self.printed = 0  # characters of the decoded text written so far
+        self.printed = 0  # characters of the decoded text written so far (no token_bytes)
         self.stopped = False
-        self._print()
+        if self.token_bytes is None:
+            self._print()
+        else:
+            self._write("".join(self._bytes_text(i) for i in self.ids))
 
     def push(self, token) -> None:
         if self.stopped:
@@ -297,15 +308,34 @@ class StreamPrinter:
         if token == self.tokenizer.eot:
             self.stopped = True
             return
+        if self.token_bytes is not None:
+            self._write(self._bytes_text(token))
+            return
         self.ids.append(token)
         self._print(hold=True)
 
     def finish(self) -> None:
-        self._print(end="\n")
+        if self.token_bytes is not None:
+            self._write(self.utf8.decode(b"", final=True) + "\n")  # a character left unfinished reads U+FFFD
+        else:
+            self._print(end="\n")
+
+    def _bytes_text(self, token: int) -> str:
+        """The text token completes: its bytes through the decoder; an id outside the vocabulary ends what was
+        pending (as decode ends a run there) and reads U+FFFD."""
+        piece = self.token_bytes(token)
+        if piece is None:
+            return self.utf8.decode(b"", final=True) + REPLACEMENT_CHAR
+        return self.utf8.decode(piece)
+
+    def _write(self, text: str) -> None:
+        if text:
+            sys.stdout.write(text)
+            sys.stdout.flush()
 
     def _print(self, hold: bool = False, end: str = "") -> None:
         text = self.tokenizer.decode(self.ids)
-        if hold and text.endswith("\ufffd"):
+        if hold and text.endswith(REPLACEMENT_CHAR):
             return  # maybe half a character: wait for the next token
         sys.stdout.write(text[self.printed:] + end)
         sys.stdout.flush()

@@ -153,6 +153,16 @@ class TiktokenTokenizer:
     def decode(self, ids: list[int]) -> str:
         return _decode_runs(ids, self.vocab_size, self._enc.decode)
 
+    def token_bytes(self, i: int) -> bytes | None:
+        """The bytes token i stands for (decode's text is those of its ids, end to end, read as UTF-8); None for
+        an id outside the vocabulary, which decode reads as U+FFFD."""
+        if not 0 <= i < self.vocab_size:
+            return None
+        try:
+            return self._enc.decode_single_token_bytes(i)
+        except KeyError:  # an id inside the range that the encoding does not assign
+            return None
+
     def token_strings(self, ids: list[int]) -> list[str]:
         # a token may hold part of a multi-byte character: those bytes become the text \xNN
         return [self._enc.decode_single_token_bytes(i).decode("utf-8", errors="backslashreplace")
