@@ -337,8 +337,7 @@ class StreamPrinter:
         text = self.tokenizer.decode(self.ids)
         if hold and text.endswith(REPLACEMENT_CHAR):
             return  # maybe half a character: wait for the next token
-        sys.stdout.write(text[self.printed:] + end)
-        sys.stdout.flush()
+        self._write(text[self.printed:] + end)
         self.printed = len(text)
 
 

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch.nn.modules import module as module_globals
 
 from model.gpt import (GPT, HEAD_COLUMNS_MAX_ROWS, SDPA_HAS_GQA, CausalSelfAttention, GeluMLP, LayerNorm, RMSNorm,
-                       SwiGLU, _all_finite, apply_rope, repeat_kv)
+                       SwiGLU, _all_finite, apply_rope, check_slot, repeat_kv)
 from model.packed import PackedLinear, onednn_packs, weight_key
 from model.quantize import Int8Linear
 
@@ -115,7 +115,7 @@ def head_kernel(model: GPT, batch: int, derived: list[tuple[torch.Tensor, tuple]
 class LayerStep:
     """One block's part of a decode step: its tensors and kernels, looked up once (EagerDecodeStep)."""
     __slots__ = ("attn_norm", "qkv_proj", "out_proj", "mlp_norm", "mlp", "kv", "k_cache", "v_cache", "head_patch",
-                 "dtype", "attn_dtype", "cast_cache", "n_head", "n_kv_head", "head_dim", "n_rep")
+                 "dtype", "attn_dtype", "cast_cache", "upcast", "n_head", "n_kv_head", "head_dim", "n_rep")
 
     def __init__(self, block: nn.Module, dtype: torch.dtype, derived: list[tuple[torch.Tensor, tuple]]):
         attn: CausalSelfAttention = block.attn
@@ -135,7 +135,8 @@ class LayerStep:
         wide_cache = self.kv.dtype == torch.float32 and dtype != torch.float32
         float32 = (wide_cache or attn.attention_kernel == "fused float32") and torch.finfo(dtype).bits < 32
         self.dtype, self.attn_dtype = dtype, torch.float32 if float32 else dtype
-        self.cast_cache = self.kv.dtype != self.attn_dtype
+        self.cast_cache = self.kv.dtype != self.attn_dtype  # k, v read back in attn_dtype
+        self.upcast = self.attn_dtype != dtype  # q widened, the output narrowed back
 
     def __call__(self, x: torch.Tensor, rope: torch.Tensor | None, pos: int) -> torch.Tensor:
         """x (B, 1, d_model), the residual stream at position pos -> the block's output, (B, 1, d_model)."""
@@ -159,7 +160,7 @@ class LayerStep:
         q = q.transpose(1, 2)
         if self.cast_cache:
             k, v = k.to(self.attn_dtype), v.to(self.attn_dtype)
-        if self.attn_dtype != self.dtype:
+        if self.upcast:
             q = q.to(self.attn_dtype)
         # fused_attention's call (model/gpt.py) without its per-call choices, made in __init__: no mask, shared kv
         # heads read in place where the kernel can (enable_gqa), repeated otherwise
@@ -169,7 +170,7 @@ class LayerStep:
             out = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
         else:
             out = F.scaled_dot_product_attention(q, repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep))
-        if self.attn_dtype != self.dtype:
+        if self.upcast:
             out = out.to(self.dtype)
         if self.head_patch is not None:
             out = self.head_patch.apply(out)
@@ -212,16 +213,16 @@ class EagerDecodeStep:
         self.tok_emb, self.pos_emb = model.tok_emb.weight, None if model.pos_emb is None else model.pos_emb.weight
         self.rope_freqs = model.rope_freqs if model.config.pos == "rope" else None  # (block_size, D/2, 2)
         self.final_norm = norm_kernel(model.final_norm)
-        self.head = head_kernel(model, self.layers[0].k_cache.shape[0], self.derived)
-        self.slots = self.layers[0].kv.shape[3]  # the cache's positions
+        cache = self.layers[0].kv  # (2, B, n_kv_head, max_len, D)
+        self.head = head_kernel(model, cache.shape[1], self.derived)
+        self.slots = cache.shape[3]  # the cache's positions
 
     def current(self) -> bool:
         """Whether every packed or transposed copy still matches its weight."""
         return all(weight_key(weight) == key for weight, key in self.derived)
 
     def __call__(self, token: torch.Tensor, pos: int) -> torch.Tensor:
-        if not 0 <= pos < self.slots:  # a negative one would index from the end
-            raise IndexError(f"position {pos} is outside the cache's {self.slots} slots")
+        check_slot(pos, self.slots)
         if not self.current():
             self.bind()
         x = F.embedding(token, self.tok_emb)  # (B, 1, d_model)

@@ -164,7 +164,7 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int, temperature:
             model.setup_kv_cache(B, max_len, dtype=decode_cache_dtype(model, B, max_len, compiled=decode is not None),
                                  device=device)
         eager_step = eager_decode_step(model) if use_kv_cache and decode is None else None
-        positions = torch.arange(window.shape[1], device=device) if use_kv_cache else None
+        positions = torch.arange(seen, device=device) if use_kv_cache else None
         logits = forward(window, input_pos=positions, last_only=True)
         for drawn in range(1, max_new_tokens + 1):
             token = sample_next(logits[:, -1], temperature, top_k, top_p, generator)  # (B,)

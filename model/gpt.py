@@ -240,6 +240,12 @@ def rotate_real(pairs: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
 # faster than bfloat16 for one query.
 # --------------------------------------------------------------------------------------------------------------------
 
+def check_slot(slot: int, slots: int) -> None:
+    """IndexError unless a KV cache of `slots` positions has slot `slot` (a negative one would index from the end)."""
+    if not 0 <= slot < slots:
+        raise IndexError(f"position {slot} is outside the cache's {slots} slots")
+
+
 class KVCache(nn.Module):
     def __init__(self, batch_size: int, n_kv_head: int, max_len: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
@@ -273,8 +279,7 @@ class KVCache(nn.Module):
         """k, v (B, n_kv_head, head_dim) into slot `slot`. copy_ converts to the cache's dtype as it writes, one
         kernel per tensor, where index_copy_ needs a converted copy first (its source must have the buffer's
         dtype)."""
-        if not 0 <= slot < self.kv.shape[3]:
-            raise IndexError(f"position {slot} is outside the cache's {self.kv.shape[3]} slots")
+        check_slot(slot, self.kv.shape[3])
         self.k_cache.select(2, slot).copy_(k)
         self.v_cache.select(2, slot).copy_(v)
         return self.k_cache, self.v_cache
