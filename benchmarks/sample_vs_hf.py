@@ -173,6 +173,9 @@ class Measured:
     pack_note: str | None  # what model.packed.pack_linears timed and chose
     cli_rate: float | None = None  # sample.py as a user runs it, median tokens/s (--through-sample-py)
     cli_floor_s: float | None = None  # the floor timed after each sample.py process, median
+    # each sample.py process's tok/s against the floor timed right after it, median of those percents: drift between
+    # minutes moves both sides of a pair alike, where the medians above may come from different minutes
+    cli_paired_floor: float | None = None
 
 
 def agreeing_prefix(a: torch.Tensor, b: torch.Tensor, prompt_tokens: int) -> int:
@@ -208,15 +211,16 @@ def measure(shape: str, n_new: int, args: argparse.Namespace, device: torch.devi
         print(f"  {shape} {n_new} new tokens, round {r + 1}: "
               + ", ".join(f"{n} {n_new / seconds[n][-1]:.1f} tok/s" for n in VARIANTS), flush=True)
     rate = {name: n_new / statistics.median(s) for name, s in seconds.items()}
-    cli_rate = cli_floor_s = None
+    cli_rate = cli_floor_s = cli_paired = None
     if args.through_sample_py:
         cli_floors: list[float] = []
         rates = sample_py_rates(ours, prompt, n_new, {"cli": ["--dtype", str(dtype).removeprefix("torch.")]},
                                 args.rounds, after_each=lambda _: cli_floors.append(_limits.matmul_floor_seconds(ours)))
         cli_rate = statistics.median(rates["cli"])
         cli_floor_s = statistics.median(cli_floors)
+        cli_paired = statistics.median(100 * rate * floor for rate, floor in zip(rates["cli"], cli_floors, strict=True))
     return Measured(shape, n_new, rate, agreement, compile_s, mean_context, bytes_per_token, statistics.median(floors),
-                    linear_floor_s, pack_note, cli_rate, cli_floor_s)
+                    linear_floor_s, pack_note, cli_rate, cli_floor_s, cli_paired)
 
 
 SPEED_HEADER = ["| shape | new tokens | attngpt tok/s | attngpt compiled tok/s | HF generate tok/s | attngpt / HF "
@@ -234,7 +238,7 @@ def speed_row(m: Measured) -> str:
 
 
 CLI_HEADER = ["| shape | new tokens | sample.py tok/s | sample.py / HF generate | % of F.linear floor | % of matmul floor "
-              "| % of bandwidth bound |", "|---|---:|---:|---:|---:|---:|---:|"]
+              "| % of matmul floor, paired | % of bandwidth bound |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
 
 
 def cli_row(m: Measured, bandwidth: float) -> str:
@@ -243,7 +247,7 @@ def cli_row(m: Measured, bandwidth: float) -> str:
     bound, floor = _limits.fractions_reached(m.cli_rate, bandwidth, total, m.cli_floor_s)
     linear = _limits.fractions_reached(m.cli_rate, bandwidth, total, m.linear_floor_s)[1]
     return (f"| {m.shape} | {m.n_new} | {m.cli_rate:.1f} | {m.cli_rate / m.rate['hf']:.2f}x | {linear:.1f}% | "
-            f"{floor:.1f}% | {bound:.1f}% |")
+            f"{floor:.1f}% | {m.cli_paired_floor:.1f}% | {bound:.1f}% |")
 
 
 def limits_row(m: Measured, bandwidth: float) -> str:
@@ -325,7 +329,8 @@ def main() -> None:
             notes.append("sample.py: `python sample.py --ckpt TMP --prompt TEXT --temperature 0 --max-new-tokens N "
                          f"--dtype {args.dtype} --device {device}` on the same weights, one process per round, its "
                          "own tokens/s line "
-                         "(generation only, prefill included), median.")
+                         "(generation only, prefill included), median; % of matmul floor, paired: each "
+                         "process's tok/s over the floor timed right after it, the median of those.")
         tables = ["", *speed, "", *limits, *([""] + cli if cli else [])]
         print("\n".join(["", *notes, *tables]))
         _report.save(args, "Sampling vs Hugging Face generate, identical weights", machine_line, "sample_vs_hf.py",

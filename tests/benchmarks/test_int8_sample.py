@@ -76,7 +76,8 @@ def test_kernels_times_each_kernel_over_the_blocks_and_the_head():
 
 def test_through_sample_py_runs_each_set_of_flags_once_a_round():
     """--through-sample-py: one row per set of sample.py flags, bfloat16 first, each row's rounds its own processes'
-    tokens/s lines, the median and the ratio to bfloat16's made from them."""
+    tokens/s lines, the median and the ratio to bfloat16's made from them, and the median of each round's own
+    ratio."""
     done = bench("--shape", "small", "--through-sample-py", "--prompt", "4", "--new-tokens", "3", "--rounds", "2",
                  "--threads", "1")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -84,9 +85,13 @@ def test_through_sample_py_runs_each_set_of_flags_once_a_round():
     assert list(rows) == ["`--dtype bfloat16`", "`--dtype float32 --quantize int8`",
                           "`--dtype bfloat16 --quantize int8`", "`--dtype float32 --quantize int8-dynamic`"]
     bf16 = float(rows["`--dtype bfloat16`"][0])
-    for rate, ratio, rounds in rows.values():
+    bf16_rounds = [float(v) for v in rows["`--dtype bfloat16`"][3].split(", ")]
+    for rate, ratio, paired, rounds in rows.values():
         values = [float(v) for v in rounds.split(", ")]
         assert len(values) == 2 and all(v > 0 for v in values)
         assert abs(float(rate) - (values[0] + values[1]) / 2) <= 0.051  # the median of two
         assert abs(float(ratio.rstrip("x")) - float(rate) / bf16) <= 0.006
+        # the median of the two rounds' own ratios
+        by_round = (values[0] / bf16_rounds[0] + values[1] / bf16_rounds[1]) / 2
+        assert abs(float(paired.rstrip("x")) - by_round) <= 0.006
     assert done.stdout.count("  round: ") == 2

@@ -97,7 +97,7 @@ def test_fractions_are_tokens_per_s_over_each_limit():
     measured = sample_vs_hf.Measured(
         shape="small", n_new=4, rate={"attngpt": 50.0, "attngpt-compiled": 80.0, "hf": 25.0}, agreement="yes",
         compile_s=1.0, mean_context=34.5, bytes_per_token=_limits.DecodeBytes(90_000_000, 0, 10e6), floor_s=0.004,
-        linear_floor_s=0.005, pack_note=None, cli_rate=40.0, cli_floor_s=0.002)
+        linear_floor_s=0.005, pack_note=None, cli_rate=40.0, cli_floor_s=0.002, cli_paired_floor=9.5)
     cells = [c.strip() for c in sample_vs_hf.limits_row(measured, 10e9).strip("|").split("|")]
     header = [c.strip() for c in sample_vs_hf.LIMITS_HEADER[0].strip("|").split("|")]
     row = dict(zip(header, cells, strict=True))
@@ -112,6 +112,7 @@ def test_fractions_are_tokens_per_s_over_each_limit():
     # sample.py's matmul floor is the one timed between its processes: 1 / 0.002 s = 500 tok/s, of which 40 is 8%
     assert [cli["% of F.linear floor"], cli["% of matmul floor"], cli["% of bandwidth bound"]] == ["20.0%", "8.0%",
                                                                                                  "40.0%"]
+    assert cli["% of matmul floor, paired"] == "9.5%"  # computed in measure, from each process and its floor
 
 
 def test_bandwidth_of_a_small_buffer_is_a_positive_number():
@@ -167,7 +168,7 @@ def limits_rows(text: str, through_sample_py: bool = False) -> tuple[str, str]:
     # each variant's percent of the bandwidth bound and of the matmul floor, and attngpt's of F.linear's floor
     assert rows[1].count("%") == 7
     if through_sample_py:
-        assert sample_vs_hf.CLI_HEADER[0] in text and rows[2].count("%") == 3
+        assert sample_vs_hf.CLI_HEADER[0] in text and rows[2].count("%") == 4
     return rows[0], rows[1]
 
 
@@ -178,6 +179,11 @@ def test_the_script_prints_the_limits_beside_the_speeds():
     assert "Memory bandwidth" in done.stdout and "avx512_bf16" in done.stdout
     speed, _ = limits_rows(done.stdout, through_sample_py=True)
     assert speed.endswith("| yes |")  # float32: the same greedy tokens
+    cli = [line for line in done.stdout.splitlines() if line.startswith("| small | 4 |")][2]
+    cells = dict(zip([c.strip() for c in sample_vs_hf.CLI_HEADER[0].strip("|").split("|")],
+                     [c.strip() for c in cli.strip("|").split("|")], strict=True))
+    # one round: one process and the one floor after it, so the paired median is the plain one
+    assert cells["% of matmul floor, paired"] == cells["% of matmul floor"]
 
 
 @pytest.mark.slow
