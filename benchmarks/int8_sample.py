@@ -27,7 +27,8 @@ weights' bytes read per second.
 --through-sample-py runs, instead, `python sample.py` as a user runs it (greedy, --new-tokens, its own tokens/s
 line; one process a run) on the same weights saved as float32: --dtype bfloat16, and --quantize int8 on float32
 and on bfloat16, and --quantize int8-dynamic, each once a round over --rounds interleaved rounds; per run the
-median tokens/s and its ratio to bfloat16's. sample.py decides the LM head itself (model/quantize.py: timed).
+median tokens/s, its ratio to bfloat16's, and the median of each round's own ratio to that round's bfloat16
+run (paired: drift between minutes moves both alike). sample.py decides the LM head itself (model/quantize.py: timed).
 
 --ckpt takes what sample.py's --ckpt takes (a run's out_dir, a checkpoint folder, a Hugging Face folder or hub
 id); --shape a random model of sample_vs_hf.py's SHAPES, seeded: its greedy text is near-uniform guessing, so

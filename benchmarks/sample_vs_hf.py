@@ -36,6 +36,8 @@ _limits.py), for the shape, dtype and device of the run:
                    exceed it only where its matmuls are not these modules' kernels: HF's GPT-2 multiplies by
                    Conv1D (x @ W, the weight stored in by out), compiled code may fuse or choose other kernels.
   % of bound / floor  a variant's tok/s over that limit, in percent.
+  paired           (--through-sample-py) each sample.py process's tok/s over the floor timed right after it,
+                   the median of those: drift between minutes moves both sides of a pair alike.
 On a CPU the machine line's CPU flags (avx512_bf16, amx_bf16, amx_tile) say whether bfloat16 matmuls have
 native instructions: without them a bfloat16 step may be compute-bound, far below its bandwidth bound.
 
