@@ -459,7 +459,9 @@ def _all_finite(x: torch.Tensor) -> bool:
     two passes."""
     if x.numel() == 0:
         return True
-    smallest, largest = torch.aminmax(x.detach())
+    # detached only where autograd would record the reduction: a decode step's logits take no gradient, and the
+    # detach is one more op after the LM head has emptied the caches
+    smallest, largest = torch.aminmax(x.detach() if x.requires_grad else x)
     return math.isfinite(float(smallest)) and math.isfinite(float(largest))  # Python floats: no more tensor ops
 
 
