@@ -117,8 +117,8 @@ def float32_attention_faster(dtype: torch.dtype, batch_size: int, n_head: int, n
     q = torch.randn(batch_size, n_head, 1, head_dim, generator=generator).to(dtype)
     k, v = (torch.randn(batch_size, n_kv_head, length, head_dim, generator=generator).to(dtype) for _ in range(2))
     k32, v32 = k.float(), v.float()
-    # a few calls: the two kernels part by 1.5-8x where they part (decode_cache_dtype), and each generate in a new
-    # process (sample.py) pays for this inside the time it reports
+    # a few calls: the two kernels part by 1.8-6x where they part (decode_cache_dtype's figures), and each generate
+    # in a new process (sample.py) pays for this inside the time it reports
     best = best_seconds({"narrow": lambda: fused_attention(q, k, v, None, causal=False),
                          "float32": lambda: fused_attention(q, k32, v32, None, causal=False, float32=True)},
                         rounds=3, calls=2)
