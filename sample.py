@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     from insight.explorer import ExplorerOptions, HeadScores
     from pretrained.memory import device_memory, generation_bytes, human_bytes, param_count
     from model.generate import compile_repays, generate
-    from model.packed import is_packed, pack_linears
+    from model.packed import PACKED_WEIGHTS_TEXT, pack_linears, packing_of
     from pretrained.load import open_pretrained
 
     device = resolve_device(args.device, setting="--device ")
@@ -201,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
                         f"need at least {human_bytes(needed)}, the device has {human_bytes(available)}: "
                         f"lower --num-samples or --max-new-tokens")
     if device.type == "cpu" and needed + weight_bytes <= available:
-        pack_linears(model)  # a second copy of the weights in oneDNN's layout, kept where it times faster
+        pack_linears(model)  # the matmul weights prepared for the kernel that times fastest at one row (model/packed.py)
     idx = torch.tensor([ids], dtype=torch.long, device=device)
 
     if args.dump_attn is not None:  # an empty spec is an error, not "no dump"
@@ -259,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"[{new_tokens} tokens x {args.num_samples} in {elapsed:.2f}s: "
           f"{new_tokens * args.num_samples / max(elapsed, 1e-9):.1f} tokens/s, "
           f"{'no KV cache' if args.no_kv_cache else 'KV cache'}{', compiled decode' if compile_step else ''}"
-          f"{f', --quantize {args.quantize}' if args.quantize else ''}{', oneDNN-packed weights' if is_packed(model) else ''}, "
+          f"{f', --quantize {args.quantize}' if args.quantize else ''}{PACKED_WEIGHTS_TEXT.get(packing_of(model), '')}, "
           f"{source.label}]", file=sys.stderr)
     return 0
 

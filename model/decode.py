@@ -25,9 +25,10 @@ module to be called). Anywhere else generate runs the modules.
 
 What is read once, and what at every step: weights, biases, norm and cache tensors are held by reference, so a
 weight changed in place (by an on_token callback that trains) is read as it is at the next step, as in the module
-path. Copies derived from a weight, a oneDNN-packed one (model/packed.py) and the LM head's column-major one
-(GPT.head_columns), are checked against their weight's version at every step, one comparison each, and the step
-is built again where one is stale. A layer, a head patch or a hook swapped in during a generation is seen at the
+path. Copies derived from a weight, a prepared one (model/packed.py: oneDNN-packed, or for ATen's matrix-vector
+kernel with the bias as a column) and the LM head's column-major one (GPT.head_columns), are checked against the
+versions of what they were made from at every step, one comparison each, and the step is built again where one is
+stale. A layer, a head patch or a hook swapped in during a generation is seen at the
 next generate call.
 """
 from __future__ import annotations
@@ -42,7 +43,7 @@ from torch.nn.modules import module as module_globals
 
 from model.gpt import (GPT, HEAD_COLUMNS_MAX_ROWS, SDPA_HAS_GQA, CausalSelfAttention, GeluMLP, LayerNorm, RMSNorm,
                        SwiGLU, _all_finite, apply_rope, check_slot, repeat_kv)
-from model.packed import PackedLinear, onednn_packs, weight_key
+from model.packed import MATVEC, PackedLinear, weight_key
 from model.quantize import Int8Linear
 
 Kernel = Callable[[torch.Tensor], torch.Tensor]
@@ -63,16 +64,21 @@ def norm_kernel(norm: nn.Module) -> Kernel:
 def linear_kernel(linear: nn.Module, dtype: torch.dtype, batch: int, derived: list[tuple[torch.Tensor, tuple]]
                   ) -> Kernel:
     """x (batch, 1, in) -> linear(x) as the layer itself computes it for an input of `dtype` without grad on a CPU:
-    a PackedLinear on its packed copy (its weight and that copy's key appended to `derived`, checked at every step)
-    or, where it does not pack `dtype`, F.linear, as PackedLinear.forward chooses; an nn.Linear by F.linear; an
+    a PackedLinear on its prepared copy (its weight, and for matvec its bias, appended to `derived` with their keys,
+    checked at every step) or, where its kernel does not apply (a dtype oneDNN does not pack here; matvec at a
+    batch above 1), F.linear, as PackedLinear.forward chooses; an nn.Linear by F.linear; an
     Int8Linear (model/quantize.py) by its one-row kernel at batch 1, else by its forward; any other layer by its
     own forward."""
     if isinstance(linear, PackedLinear):
         weight, bias = linear.weight, linear.bias
-        if weight.dtype != dtype or not onednn_packs(dtype):
+        if weight.dtype != dtype or not linear.uses_packed(torch.empty(batch, 1, linear.in_features, dtype=dtype)):
             return functools.partial(F.linear, weight=weight, bias=bias)
-        packed = linear.packed_weight()  # packed again here if the weight changed since
+        packed = linear.packed_weight()  # made again here if the weight changed since
         derived.append((weight, weight_key(weight)))
+        if linear.kernel == MATVEC:
+            if bias is not None:  # the matvec copy holds the bias too
+                derived.append((bias, weight_key(bias)))
+            return linear.matvec
         # the operator itself (OpOverload._op, where this torch has it), without the ~0.6 us of the op packet's
         # Python __call__ around it, 49 times a GPT-2 step
         pointwise = torch.ops.mkldnn._linear_pointwise.default

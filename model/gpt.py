@@ -661,7 +661,7 @@ class GPT(nn.Module):
         of W^T, where F.linear computes vocab_size short dot products, about twice as slow on a CPU for one row
         (benchmarks/RESULTS.md). The same numbers in another summation order; the copy is made once and kept
         until the weight changes (its version counter moves on any in-place update). A head replaced by another
-        kind of layer (model/packed.py's oneDNN-packed one) runs as that layer."""
+        kind of layer (model/packed.py's prepared one) runs as that layer."""
         if x.device.type == "cpu" and not torch.is_grad_enabled() and not torch.compiler.is_compiling() \
                 and x.shape[:-1].numel() <= HEAD_COLUMNS_MAX_ROWS and isinstance(self.lm_head, nn.Linear):
             return x @ self.head_columns()

@@ -64,7 +64,8 @@ byte rate of bfloat16's packed kernel or more: twice the weights a second. FBGEM
 digits) costs little more than one: the weights are read once. Whole decode steps, benchmarks/RESULTS.md.
 
 The LM head (`quantize_int8(lm_head=None)`): the float head of a CPU decode step already streams a column-major
-copy (GPT.logits) or a oneDNN-packed one (model/packed.py), so whether int8 beats it depends on the machine; it
+copy (GPT.logits), a oneDNN-packed one or its row-major weight through ATen's matrix-vector kernel
+(model/packed.py), so whether int8 beats it depends on the machine; it
 is decided by timing both on one row when quantizing (a few interleaved calls each, each after a pass over the
 block matmuls so that the head comes from memory as in a decode step; the faster kept), never by a constant. A
 tied head becomes an Int8Linear of its own (the embedding table stays float).
@@ -86,7 +87,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from common.errors import UserError
-from model.packed import PackedLinear, onednn_packs
+from model.packed import PackedLinear, kernels_here
 from model.timing import best_seconds
 
 QUANTIZE_MODES = ("int8", "int8-dynamic")
@@ -436,8 +437,8 @@ def quantization_of(model: nn.Module) -> str | None:
 def _head_seconds(model: nn.Module, candidate: Int8Linear, clock: Callable[[], float]) -> tuple[float, float]:
     """(float head, int8 head) seconds per call on one row (1, 1, d_model) in the model's dtype, in interleaved
     rounds (model/timing.py). The float head at its fastest here: as a decode step runs it (GPT.logits: on a CPU
-    the column-major head), or on oneDNN-packed weights, which sample.py's pack_linears gives a float head it
-    left alone where those time faster (model/packed.py). Each head is timed after a pass over the block
+    the column-major head), or on each kernel sample.py's pack_linears may give a float head it left alone
+    (model/packed.py: oneDNN-packed, ATen's matrix-vector kernel), where one times faster. Each head is timed after a pass over the block
     matmuls, as in a decode step, whose weights push the head out of the cache (a head called again and again
     would be timed from the cache); the pass timed alone beside them is taken off."""
     device, dtype = model.tok_emb.weight.device, model.tok_emb.weight.dtype
@@ -451,15 +452,17 @@ def _head_seconds(model: nn.Module, candidate: Int8Linear, clock: Callable[[], f
             layer(x)
 
     heads = {"float": lambda: model.logits(row), "int8": lambda: candidate(row)}
-    if onednn_packs(dtype):  # (quantize_int8 takes CPU models only)
-        packed = PackedLinear(model.lm_head)  # a second copy of the head for the timing only
-        heads["float packed"] = lambda: packed(row)
+    for kernel in kernels_here(dtype)[1:]:  # what pack_linears may give the head (quantize_int8 takes CPU models only)
+        prepared = PackedLinear(model.lm_head, kernel)  # a copy for the timing only (none for matvec without a bias)
+        heads[f"float {kernel}"] = lambda prepared=prepared: prepared(row)
     kernels = {"blocks": blocks, **{name: (lambda head=head: (blocks(), head())) for name, head in heads.items()}}
     with torch.no_grad():
-        model.logits(row)  # a first call makes the column-major copy, outside the warm-up best_seconds times
+        for name, head in heads.items():  # first calls make the copies, outside the warm-up best_seconds times
+            if name != "int8":
+                head()
         seconds = best_seconds(kernels, rounds=HEAD_TIMING_ROUNDS, calls=HEAD_TIMING_CALLS, clock=clock)
     head_s = {name: max(0.0, seconds[name] - seconds["blocks"]) for name in heads}
-    return min(head_s["float"], head_s.get("float packed", float("inf"))), head_s["int8"]
+    return min(time_s for name, time_s in head_s.items() if name != "int8"), head_s["int8"]
 
 
 def quantize_int8(model: nn.Module, mode: str = "int8", lm_head: bool | None = None,
