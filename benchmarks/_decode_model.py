@@ -53,6 +53,6 @@ def build(args: argparse.Namespace) -> tuple[GPT, str, torch.Tensor]:
     torch.manual_seed(0)
     model = GPT(config).eval().to(getattr(torch, args.dtype))
     quantized = f"{quantize_int8(model, args.quantize)}; " if args.quantize else ""
-    weights = quantized + (pack_linears(model) or "matmul weights left to F.linear (no oneDNN)")
+    weights = quantized + (pack_linears(model) or "matmul weights as they were (nothing to prepare)")
     prompt = torch.randint(0, config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(1))
     return model, weights, prompt

@@ -50,7 +50,7 @@ from common.errors import ArgumentParser, UserError, user_errors_exit
 from common.huge_pages import restart_in_huge_pages
 from model import GPT
 from model.generate import generate
-from model.packed import PackedLinear, is_packed, onednn_packs, pack_linears
+from model.packed import MATVEC, PackedLinear, onednn_packs, pack_linears, packing_of
 from model.quantize import Int8Linear, digit_levels, quantize_int8
 
 
@@ -216,6 +216,8 @@ def kernel_report(build, label: str, args: argparse.Namespace) -> None:
     kernels = {  # name -> (activation dtype, make one layer's module from an nn.Linear)
         "bfloat16 F.linear": (torch.bfloat16, lambda lin: copy.deepcopy(lin).to(torch.bfloat16)),
         "bfloat16 oneDNN-packed": (torch.bfloat16, lambda lin: PackedLinear(copy.deepcopy(lin).to(torch.bfloat16))),
+        "bfloat16 matvec (ATen's kernel)": (torch.bfloat16,
+                                            lambda lin: PackedLinear(copy.deepcopy(lin).to(torch.bfloat16), MATVEC)),
         "int8 (_weight_int8pack_mm)": (torch.bfloat16, WeightPackKernel),
         "int8 (two int8 digits, FBGEMM)": (torch.float32, lambda lin: Int8Linear.from_linear(lin, "int8")),
         "int8-dynamic (one-row kernel)": (torch.float32, lambda lin: Int8Linear.from_linear(lin, "int8-dynamic")),
@@ -295,8 +297,8 @@ def run_variants(build, prepared, args: argparse.Namespace, agree: int) -> list[
         model = build(variant.dtype)
         quantized = quantize_int8(model, variant.mode, lm_head=variant.lm_head) if variant.mode else ""
         pack_linears(model)  # as sample.py does: what is left in float, prepacked where that times faster
-        descriptions[variant.name] = "; ".join(filter(None, [quantized, "float matmuls oneDNN-packed"
-                                                             if is_packed(model) else ""]))
+        packing = packing_of(model)
+        descriptions[variant.name] = "; ".join(filter(None, [quantized, f"float matmuls {packing}" if packing else ""]))
         models[variant.name] = model
     vocab = models["float32"].config.vocab_size
     prompt = torch.randint(0, vocab, (1, args.prompt), generator=torch.Generator().manual_seed(1))

@@ -322,8 +322,8 @@ def main() -> None:
                  "Limits (module docstring): bytes/token = every matmul weight, norm and embedding row as stored "
                  f"({args.dtype}) + the KV cache at the mean context; bandwidth bound = bandwidth / bytes per "
                  "token; F.linear floor = 1 / the time of torch's F.linear over the weights as stored, alone, at batch 1; "
-                 "matmul floor = the same over the model's own matmul modules (prepacked where sample.py packs "
-                 "them; LM head as its decode runs it), best of 5, timed after each round (after each sample.py "
+                 "matmul floor = the same over the model's own matmul modules (on the kernel sample.py's "
+                 "pack_linears chose; LM head as its decode runs it), best of 5, timed after each round (after each sample.py "
                  "process for sample.py's row) and the median taken; % = a variant's tok/s over the limit."]
         cli = [*CLI_HEADER, *(cli_row(m, bandwidth) for m in measured)] if any(
             m.cli_rate is not None for m in measured) else []
