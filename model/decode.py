@@ -71,7 +71,7 @@ def linear_kernel(linear: nn.Module, dtype: torch.dtype, batch: int, derived: li
     own forward."""
     if isinstance(linear, PackedLinear):
         weight, bias = linear.weight, linear.bias
-        if weight.dtype != dtype or not linear.uses_packed(torch.empty(batch, 1, linear.in_features, dtype=dtype)):
+        if weight.dtype != dtype or not linear.kernel_runs(dtype, batch):
             return functools.partial(F.linear, weight=weight, bias=bias)
         packed = linear.packed_weight()  # made again here if the weight changed since
         derived.append((weight, weight_key(weight)))

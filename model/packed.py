@@ -175,16 +175,20 @@ class PackedLinear(nn.Module):
             y = aten_matvec(copy, self._row)
         return y.view(*x.shape[:-1], self.out_features)
 
+    def kernel_runs(self, dtype: torch.dtype, rows: int) -> bool:
+        """Whether the prepared kernel takes `rows` rows of `dtype` (a CPU input of the weight's dtype, no gradient):
+        oneDNN where this CPU packs the dtype, matvec for a single row."""
+        return onednn_packs(dtype) if self.kernel == ONEDNN else rows == 1 and matvec_available()
+
     def uses_packed(self, x: torch.Tensor) -> bool:
         """The prepared kernel applies: not being compiled, a CPU input of the weight's dtype, no gradient wanted, and
-        a dtype this CPU packs (oneDNN) or a single row (matvec)."""
+        kernel_runs."""
         weight = self.weight
         # the cheapest tests first: a decode step of GPT-2 small asks 49 times
         return (x.dtype == weight.dtype and not torch.compiler.is_compiling()
                 and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
                 and x.device.type == "cpu" and weight.device.type == "cpu"
-                and (onednn_packs(x.dtype) if self.kernel == ONEDNN
-                     else x.numel() == self.in_features and matvec_available()))
+                and self.kernel_runs(x.dtype, x.numel() // self.in_features))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         packed = self._packed
@@ -276,7 +280,6 @@ def pack_linears(model: nn.Module, kernel: str | None = None,
     if first.weight.device.type != "cpu":
         return None
     here = kernels_here(first.weight.dtype)
-    dtype_name = str(first.weight.dtype).removeprefix("torch.")
     if kernel is None:
         timed = layers_to_time(layers)
         seconds = measure(timed, here)
@@ -287,6 +290,7 @@ def pack_linears(model: nn.Module, kernel: str | None = None,
         note = (f"matmul weights {NOTES[kernel]}: {len(timed)} layer{'s' if len(timed) > 1 else ''} in turn "
                 f"({megabytes:.3g} MB) {times}")
     elif kernel not in here:
+        dtype_name = str(first.weight.dtype).removeprefix("torch.")
         why = (f"oneDNN cannot pack {dtype_name} weights on this CPU" if kernel == ONEDNN
                else "this torch has no switch for oneDNN" if kernel == MATVEC else f"no kernel {kernel!r}")
         return f"matmul weights left to F.linear: {why}"
