@@ -187,8 +187,11 @@ def run(args: argparse.Namespace) -> int:
     cfg = model.config
     quantized = None
     if args.quantize is not None:
+        from kernels.build import int8_matvec_library
         from model.quantize import quantize_int8
-        quantized = quantize_int8(model, args.quantize)  # in place; the LM head by measurement
+        # in place; the LM head, and for int8 the kernel of single rows (built here at first use), by measurement
+        quantized = quantize_int8(model, args.quantize,
+                                  int8_kernel=int8_matvec_library() if args.quantize == "int8" else None)
         print(f"quantized: {quantized}", file=sys.stderr)
     # what generating allocates, checked before any of it is: N samples at once can need far more than the model
     weight_bytes = param_count(cfg) * dtype.itemsize

@@ -9,6 +9,7 @@ import torch
 
 import _report
 from common.errors import UserError
+from kernels.build import int8_matvec_library
 from model import GPT
 from model.packed import pack_linears
 from model.quantize import QUANTIZE_MODES, quantize_int8
@@ -52,7 +53,9 @@ def build(args: argparse.Namespace) -> tuple[GPT, str, torch.Tensor]:
     config = SHAPES[args.shape]
     torch.manual_seed(0)
     model = GPT(config).eval().to(getattr(torch, args.dtype))
-    quantized = f"{quantize_int8(model, args.quantize)}; " if args.quantize else ""
+    quantized = ""
+    if args.quantize:  # as sample.py quantizes: for int8 the kernel of single rows by measurement
+        quantized = f"{quantize_int8(model, args.quantize, int8_kernel=int8_matvec_library())}; "
     weights = quantized + (pack_linears(model) or "matmul weights as they were (nothing to prepare)")
     prompt = torch.randint(0, config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(1))
     return model, weights, prompt

@@ -29,6 +29,11 @@ Two modes, both with these weights:
                    special kernel. _weight_int8pack_mm's AVX-512 loop reads each row 16 values at a time with no
                    tail: on torch 2.13 in_features 24 gave garbage and 7 crashed the process, so a layer whose
                    in_features is not a multiple of 16 is refused at quantize time.
+                   A single row (a decode step) goes instead to a kernel of our own where it can be built here
+                   and times faster (kernels/int8_matvec.c, called by model/int8_matvec.py): the same two 8-bit
+                   digits and integer sums, computed with the product and the output's rounding in one call, the
+                   weights read once in a layout made for streaming them. quantize_int8 times it against the path
+                   above over the model's block matmuls at one row and keeps the faster for every layer.
     int8-dynamic   weights AND activations in int8: each activation row (one token) is quantized at run time to
                    uint8 with its own scale and zero point over [min(row, 0), max(row, 0)] (asymmetric: 256 levels
                    between the row's extremes, 0.0 exactly representable), and the product runs on integers. This
@@ -61,7 +66,10 @@ the 50304 x 768 head; `benchmarks/int8_sample.py --kernels`): bfloat16 F.linear 
 12.6 ms (head 4.5), _weight_int8pack_mm 9.4 ms (head 3.8), FBGEMM's linear_dynamic 5.2 ms (head 1.7). So torch's
 weight-only kernel reads ~9 GB/s at one row, below what the memory gives, while FBGEMM's reads 16-22 GB/s, the
 byte rate of bfloat16's packed kernel or more: twice the weights a second. FBGEMM's product of two rows (the two
-digits) costs little more than one: the weights are read once. Whole decode steps, benchmarks/RESULTS.md.
+digits) costs little more than one: the weights are read once. Since then bfloat16 runs ATen's matrix-vector
+kernel at one row (model/packed.py), 5.7 ms for the block matmuls, while FBGEMM's digits with their ops around
+the product took ~6.6: int8 gained only on the LM head. kernels/int8_matvec.c takes 3.0 ms for the same 48 (1.2 for
+the head), ~30 GB/s of int8 weights. Whole decode steps, benchmarks/RESULTS.md.
 
 The LM head (`quantize_int8(lm_head=None)`): the float head of a CPU decode step already streams a column-major
 copy (GPT.logits), a oneDNN-packed one or its row-major weight through ATen's matrix-vector kernel
@@ -77,6 +85,7 @@ dequantized weight, in the scales' dtype: the numbers that run.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import time
 import warnings
@@ -87,6 +96,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from common.errors import UserError
+from model import int8_matvec
 from model.packed import PackedLinear, kernels_here
 from model.timing import best_seconds
 
@@ -97,6 +107,9 @@ MODE_TEXT = {"int8": "int8 weights, bfloat16 activations",
 INT8_MAX = 127  # symmetric: -127..127, so that -W quantizes to exactly -q
 KERNEL_IN_MULTIPLE = 16  # _weight_int8pack_mm's AVX-512 loop reads rows 16 values at a time, no tail
 FBGEMM_SMALLEST_SCALE = 6.1e-5  # FBGEMM never quantizes with a finer step (float16's smallest normal number)
+NATIVE_LEVELS = 256  # kernels/int8_matvec.c's digits: 8 bits each, its int32 sums exact on every CPU (no saturation)
+NATIVE_DTYPES = (torch.float32, torch.bfloat16)  # the rows it reads and writes
+NATIVE_TIMING_ROUNDS = 5  # interleaved rounds of one pass over the block matmuls, each kernel (model/timing.py)
 HEAD_TIMING_ROUNDS = 5  # interleaved rounds of HEAD_TIMING_CALLS calls of each head kernel (model/timing.py)
 HEAD_TIMING_CALLS = 3
 
@@ -283,6 +296,8 @@ class Int8Linear(nn.Module):
         self.register_buffer("scales_bf16", scales.to(torch.bfloat16), persistent=False)
         self.register_buffer("scales_f32", scales.float(), persistent=False)
         self._onednn_weight = None  # int8-dynamic: oneDNN's packed weight (an opaque mkldnn tensor, not a buffer)
+        self._native = None  # int8: kernels/int8_matvec.c for one row (model/int8_matvec.py), where use_native_kernel
+        # turned it on
         self._fbgemm_weight = None  # FBGEMM's packed weight (an opaque object, not a buffer), without the bias for int8
         if mode == "int8" and weight_int8.device.type == "cpu" and digit_levels() is not None:
             self.levels = digit_levels()
@@ -334,6 +349,9 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., in) -> (..., out) in x's dtype."""
+        if self._native is not None and x.numel() == self.in_features and not x.requires_grad \
+                and not torch.compiler.is_compiling():  # the kernel writes its output outside autograd
+            return self._native_row(x)
         if self._fbgemm_weight is not None and not torch.compiler.is_compiling():
             if self.mode == "int8":
                 if x.numel() == self.in_features and not x.requires_grad:  # out= writes take no part in autograd
@@ -347,9 +365,33 @@ class Int8Linear(nn.Module):
         """What forward runs for one row (x.numel() == in_features) that takes no gradient, outside compiled code:
         for a caller that runs many such rows and looks it up once (model/decode.py's flat decode step); None where
         forward has no kernel of its own for a row (no FBGEMM here)."""
+        if self._native is not None:
+            return self._native_row
         if self._fbgemm_weight is None:
             return None
         return self._digit_row if self.mode == "int8" else self._dynamic_row
+
+    def use_native_kernel(self, lib: ctypes.CDLL | None) -> bool:
+        """Weight-only int8: run single rows on kernels/int8_matvec.c, loaded as lib (kernels/build.py:
+        int8_matvec_library), or with None no more; whether it is on after the call (never for int8-dynamic, or
+        for a layer wider than the kernel's exact sums allow). The kernel's packed copy of the weight is made
+        here, and dropped with None."""
+        if lib is None or self.mode != "int8" or self.in_features > int8_matvec.MAX_IN_FEATURES \
+                or self.weight_int8.device.type != "cpu":
+            self._native = None
+            return False
+        self._native = int8_matvec.Int8Matvec(lib, self.weight_int8, self.scales_f32, self.bias, NATIVE_LEVELS)
+        return True
+
+    def _native_row(self, x: torch.Tensor) -> torch.Tensor:
+        """One row on kernels/int8_matvec.c: the digits at 8 bits each (its sums are exact in int32 on any
+        CPU), from a CPU row of float32 or bfloat16; a row of any other dtype (or device) as _digit_row or run
+        take it."""
+        if x.dtype in NATIVE_DTYPES and x.device.type == "cpu":
+            return self._native(x.contiguous())  # a row of a decode step is contiguous already: no copy
+        if self._fbgemm_weight is not None:
+            return self._digit_row(x)
+        return self.run(x, one_row_kernels=True)
 
     def _dynamic_row(self, x: torch.Tensor) -> torch.Tensor:
         """int8-dynamic for one token (a batch-1 decode step), with as little Python as can be, ~50 of them a token:
@@ -465,13 +507,54 @@ def _head_seconds(model: nn.Module, candidate: Int8Linear, clock: Callable[[], f
     return min(time_s for name, time_s in head_s.items() if name != "int8"), head_s["int8"]
 
 
+def _native_seconds(layers: list[Int8Linear], dtype: torch.dtype, clock: Callable[[], float]) -> tuple[float, float]:
+    """(kernels/int8_matvec.c, the one-row path without it) seconds for one pass over `layers` in turn at
+    one row (1, 1, in) of `dtype`, as a decode step calls them, in interleaved rounds (model/timing.py). Without
+    it a row goes to FBGEMM's digits (_digit_row), or where this torch has none to run()."""
+    generator = torch.Generator().manual_seed(0)
+    rows = [torch.randn(1, 1, layer.in_features, generator=generator).to(dtype) for layer in layers]
+    native = [layer._native_row for layer in layers]
+    other = [layer._digit_row if layer._fbgemm_weight is not None
+             else functools.partial(layer.run, one_row_kernels=True) for layer in layers]
+
+    def one_pass(kernels):
+        return lambda: [kernel(x) for kernel, x in zip(kernels, rows)]
+    with torch.no_grad():
+        seconds = best_seconds({"native": one_pass(native), "other": one_pass(other)}, rounds=NATIVE_TIMING_ROUNDS,
+                               calls=1, clock=clock)
+    return seconds["native"], seconds["other"]
+
+
+def _choose_native_kernel(layers: list[Int8Linear], dtype: torch.dtype, clock: Callable[[], float],
+                          lib: ctypes.CDLL | None) -> tuple[ctypes.CDLL | None, str]:
+    """Turn kernels/int8_matvec.c (lib) on for every layer where it times faster over them all than their one-row
+    path without it, off everywhere else; (lib where on else None, what was measured, for quantize_int8's
+    description)."""
+    if lib is None or not all(layer.use_native_kernel(lib) for layer in layers):
+        for layer in layers:
+            layer.use_native_kernel(None)
+        return None, ""
+    native_s, other_s = _native_seconds(layers, dtype, clock)
+    on = native_s < other_s
+    if not on:
+        for layer in layers:
+            layer.use_native_kernel(None)
+    native = f"attngpt's int8 kernel ({'AVX512-VNNI' if lib.attngpt_int8_matvec_vnni() else 'portable C'})"
+    other = "FBGEMM's digits" if layers[0]._fbgemm_weight is not None else "torch's kernels"
+    kept, left = ((native, native_s), (other, other_s)) if on else ((other, other_s), (native, native_s))
+    return lib if on else None, (f"; single rows on {kept[0]}, timed over the block matmuls at one row: "
+                                 f"{kept[1] * 1e3:.3g} ms against {left[1] * 1e3:.3g} for {left[0]}")
+
+
 def quantize_int8(model: nn.Module, mode: str = "int8", lm_head: bool | None = None,
-                  clock: Callable[[], float] | None = None) -> str:
+                  clock: Callable[[], float] | None = None, int8_kernel: ctypes.CDLL | None = None) -> str:
     """Replace, in place, each block's qkv_proj, out_proj, fc_in and fc_out (nn.Linear) of the GPT `model` by
     an Int8Linear of `mode`, and the LM head too when lm_head is True; None: only where int8 measured faster
-    on one row here (`clock`: time.perf_counter unless a test stands in its own). Returns a one-line description
-    of what was done. For inference on a CPU only (module doc); a bad request raises UserError before any
-    layer is changed."""
+    on one row here (`clock`: time.perf_counter unless a test stands in its own). int8_kernel: kernels/
+    int8_matvec.c loaded (kernels/build.py: int8_matvec_library), for weight-only int8's single rows where it
+    times faster than FBGEMM's path; None: torch's kernels only. Returns a one-line description of what was
+    done. For inference on a CPU only (module doc); a bad request raises UserError before any layer is
+    changed."""
     if mode not in QUANTIZE_MODES:
         raise UserError(f"quantize mode {mode!r} is not known: use {' or '.join(QUANTIZE_MODES)}")
     device = model.tok_emb.weight.device
@@ -493,9 +576,15 @@ def quantize_int8(model: nn.Module, mode: str = "int8", lm_head: bool | None = N
                             f"--quantize int8-dynamic (any shape), or drop --quantize")
     for _, parent, attr in targets:
         setattr(parent, attr, Int8Linear.from_linear(getattr(parent, attr), mode))
+    native, kernel_note = None, ""
+    if mode == "int8":
+        native, kernel_note = _choose_native_kernel([getattr(parent, attr) for _, parent, attr in targets],
+                                                    model.tok_emb.weight.dtype, clock or time.perf_counter,
+                                                    int8_kernel)
     head_note = "LM head float (not asked for)"
     if head_possible:
         candidate = Int8Linear.from_linear(model.lm_head, mode)
+        candidate.use_native_kernel(native)  # the blocks' kernel, for the timing below and after
         if lm_head is None:
             float_s, int8_s = _head_seconds(model, candidate, clock or time.perf_counter)
             lm_head = int8_s < float_s
@@ -517,6 +606,6 @@ def quantize_int8(model: nn.Module, mode: str = "int8", lm_head: bool | None = N
                      "FBGEMM, so only --dtype bfloat16 has an int8 kernel")
     elif mode == "int8-dynamic" and activation_levels() < 256:
         mode_text += f" on {activation_levels()} levels (this CPU's int8 kernels saturate on 256)"
-    description = f"{mode} ({mode_text}; per-channel scales) in {len(targets)} block matmuls, {head_note}"
+    description = f"{mode} ({mode_text}; per-channel scales) in {len(targets)} block matmuls, {head_note}{kernel_note}"
     model.__dict__["_quantization"] = description
     return description

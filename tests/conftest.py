@@ -32,6 +32,14 @@ if "TIKTOKEN_CACHE_DIR" not in os.environ and _SHARED_TIKTOKEN_CACHE.is_dir():
     os.environ["TIKTOKEN_CACHE_DIR"] = str(_SHARED_TIKTOKEN_CACHE)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def kernel_cache(tmp_path_factory):
+    """kernels/build.py builds its kernels into a folder of the test session's, not into the user's cache."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ATTNGPT_KERNEL_CACHE", str(tmp_path_factory.mktemp("kernels")))
+        yield
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, data_dir):
     """A tiny run of 2 steps (latest/ and best/ at step 2) and its model, once per module; the module

@@ -17,7 +17,8 @@ from model.decode import EagerDecodeStep
 from model.generate import generate
 from model.gpt import HEAD_COLUMNS_MAX_ROWS, HeadPatch, KVCache
 from model.packed import MATVEC, ONEDNN, onednn_packs, pack_linears
-from model.quantize import quantize_int8
+from kernels.build import int8_matvec_library
+from model.quantize import Int8Linear, quantize_int8
 
 
 def lively(dtype: torch.dtype = torch.float32, seed: int = 0, **overrides) -> GPT:
@@ -69,7 +70,8 @@ DTYPES = [(torch.float32, torch.float32), (torch.bfloat16, torch.float32), (torc
        mlp=st.sampled_from(["gelu", "swiglu"]), heads=st.sampled_from([(4, 4), (4, 2), (4, 1), (2, 1)]),
        dtypes=st.sampled_from(DTYPES), bias=st.booleans(), tie=st.booleans(),
        batch=st.sampled_from([1, 2, 3, HEAD_COLUMNS_MAX_ROWS + 1]), pos=st.integers(0, 14),
-       layers=st.sampled_from(["float", "packed", "matvec", "int8", "int8-dynamic"]), int8_head=st.booleans(),
+       layers=st.sampled_from(["float", "packed", "matvec", "int8", "int8 native", "int8-dynamic"]),
+       int8_head=st.booleans(),
        patch=st.booleans(), float32_kernel=st.booleans(), seed=st.integers(0, 2**16))
 def test_the_flat_step_gives_the_module_paths_logits_and_cache_writes(pos_kind, norm, mlp, heads, dtypes, bias, tie,
                                                                       batch, pos, layers, int8_head, patch,
@@ -80,7 +82,10 @@ def test_the_flat_step_gives_the_module_paths_logits_and_cache_writes(pos_kind, 
     if layers in ("packed", "matvec"):
         pack_linears(model, kernel=ONEDNN if layers == "packed" else MATVEC)
     elif layers != "float":
-        quantize_int8(model, layers, lm_head=int8_head)
+        quantize_int8(model, layers.split()[0], lm_head=int8_head)
+        for layer in model.modules():  # single rows on kernels/int8_matvec.c or not, whichever was timed faster
+            if isinstance(layer, Int8Linear):
+                layer.use_native_kernel(int8_matvec_library() if layers == "int8 native" else None)
     if patch:
         keep = torch.rand(1, n_head, generator=torch.Generator().manual_seed(seed)) > 0.5
         model.blocks[-1].attn.head_patch = HeadPatch(keep)

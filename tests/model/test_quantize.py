@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from common.errors import UserError
+from kernels.build import int8_matvec_library
 from model import GPT, ModelConfig
 import model.quantize as quantize_module
 from model.packed import PackedLinear, onednn_packs
@@ -466,3 +467,43 @@ def test_the_digit_probe_finds_this_kernel_exact_and_a_raising_one_not(monkeypat
         raise RuntimeError("this CPU lacks the instructions")
     monkeypatch.setattr(torch.ops.quantized, quantize_module.DIGIT_KERNEL, raises, raising=False)
     assert not quantize_module._digit_kernel_exact(256)
+
+
+@pytest.mark.parametrize("native_ms, other_ms", [(1.0, 2.0), (2.0, 1.0)])
+def test_single_rows_go_to_the_native_kernel_only_where_it_measured_faster(monkeypatch, native_ms, other_ms):
+    """quantize_int8 times kernels/int8_matvec.c against the one-row path without it over the block matmuls (stood
+    in here) and turns it on in every layer, the LM head included, only when it was faster; the description
+    reports both times. A forward of one row then goes where the choice says; without the library nothing is
+    timed."""
+    lib = int8_matvec_library()
+    if lib is None:
+        pytest.skip("no C compiler here: the int8 kernel cannot be built")
+    seen = []
+
+    def seconds(layers, dtype, clock):
+        seen.append(len(layers))
+        assert all(layer._native is not None for layer in layers)  # both kernels were there to be timed
+        return native_ms * 1e-3, other_ms * 1e-3
+    monkeypatch.setattr(quantize_module, "_native_seconds", seconds)
+    model = tiny_gpt()
+    description = quantize_int8(model, "int8", lm_head=True, int8_kernel=lib)
+    on = native_ms < other_ms
+    assert seen == [8]
+    layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    assert len(layers) == 9 and all((layer._native is not None) is on for layer in layers)
+    fast, slow = sorted((native_ms, other_ms))
+    assert f"timed over the block matmuls at one row: {fast:.3g} ms against {slow:.3g} for" in description
+    assert ("single rows on attngpt's int8 kernel" in description) is on
+    calls = []
+    monkeypatch.setattr(Int8Linear, "_native_row", lambda self, x: calls.append(1) or Int8Linear.run(self, x, True))
+    with torch.inference_mode():
+        model(torch.tensor([[3]]))
+    assert bool(calls) is on
+    assert "attngpt" not in quantize_int8(tiny_gpt(), "int8", lm_head=True) and seen == [8]  # no library: no timing
+
+
+def test_int8_dynamic_never_times_the_native_kernel(monkeypatch):
+    monkeypatch.setattr(quantize_module, "_native_seconds", lambda *a: pytest.fail("timed for int8-dynamic"))
+    model = tiny_gpt()
+    assert "attngpt" not in quantize_int8(model, "int8-dynamic", lm_head=False, int8_kernel=int8_matvec_library())
+    assert all(m._native is None for m in model.modules() if isinstance(m, Int8Linear))

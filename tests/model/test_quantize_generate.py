@@ -11,10 +11,12 @@ import torch._dynamo
 
 from model import GPT, ModelConfig
 from model.generate import generate
-from model.quantize import quantize_int8
+from kernels.build import int8_matvec_library
+from model.quantize import Int8Linear, quantize_int8
 
 TEXT = [int(c) for c in "0123456789" * 20]  # a cycle of 10 tokens
-VARIANTS = [("int8", torch.bfloat16), ("int8", torch.float32), ("int8-dynamic", torch.float32), ("int8-dynamic", torch.bfloat16)]
+VARIANTS = [("int8", torch.bfloat16), ("int8", torch.float32), ("int8 native", torch.bfloat16),
+            ("int8 native", torch.float32), ("int8-dynamic", torch.float32), ("int8-dynamic", torch.bfloat16)]
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +38,13 @@ def peaked() -> GPT:
 
 
 def quantized(model: GPT, mode: str, dtype: torch.dtype, lm_head: bool) -> GPT:
+    """A copy in dtype, quantized; mode "int8 native": weight-only with single rows on kernels/int8_matvec.c (where
+    it can be built here), "int8": without it."""
     copy_ = copy.deepcopy(model).to(dtype)
-    quantize_int8(copy_, mode, lm_head=lm_head)
+    quantize_int8(copy_, mode.split()[0], lm_head=lm_head)
+    for layer in copy_.modules():
+        if isinstance(layer, Int8Linear):
+            layer.use_native_kernel(int8_matvec_library() if mode == "int8 native" else None)
     return copy_
 
 

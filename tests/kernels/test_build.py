@@ -1,0 +1,78 @@
+"""kernels/build.py: a build appears in the cache in one step and is reused; where none can be had (no compiler, a
+failed build, a wrong probe product, switched off) there is no library, and a layer handed none keeps torch's
+kernels; the probe passes the real kernel and fails one that sums wrong."""
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+import torch.nn as nn
+
+import kernels.build as build
+from kernels.build import int8_matvec_library
+from model.int8_matvec import Int8Matvec
+from model.quantize import Int8Linear
+
+
+@pytest.fixture
+def lib():
+    built = int8_matvec_library()
+    if built is None:
+        pytest.skip("no C compiler here: the int8 kernel cannot be built")
+    return built
+
+
+@pytest.fixture
+def fresh_build(tmp_path, monkeypatch):
+    """int8_matvec_library() measured again against an empty cache folder of the test's own, and once more
+    afterwards."""
+    monkeypatch.setenv("ATTNGPT_KERNEL_CACHE", str(tmp_path / "kernels"))
+    int8_matvec_library.cache_clear()
+    yield tmp_path / "kernels"
+    monkeypatch.undo()
+    int8_matvec_library.cache_clear()
+
+
+def test_the_build_appears_in_one_step_and_is_reused(fresh_build, monkeypatch):
+    if build.compiler() is None:
+        pytest.skip("no C compiler here")
+    runs = []
+    real_run = subprocess.run
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: runs.append(a[0]) or real_run(*a, **k))  # every process
+    assert int8_matvec_library() is not None
+    built = sorted(os.listdir(fresh_build))
+    assert len(built) == 1 and built[0].startswith("int8_matvec-") and built[0].endswith(".so")  # no temporary left
+    assert "-O3" in runs[0] and len(runs) == 1
+    int8_matvec_library.cache_clear()
+    assert int8_matvec_library() is not None and len(runs) == 1  # loaded from the cache, not compiled again
+
+
+def test_no_compiler_a_failed_build_a_wrong_probe_or_switched_off_give_no_library(fresh_build, monkeypatch):
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    assert int8_matvec_library() is None
+    monkeypatch.delenv("CC")
+    if build.compiler() is None:
+        pytest.skip("no C compiler here")
+    int8_matvec_library.cache_clear()
+    monkeypatch.setattr(build, "compile_into", lambda cc, source, flags, target: False)
+    assert int8_matvec_library() is None
+    monkeypatch.undo()
+    monkeypatch.setenv("ATTNGPT_KERNEL_CACHE", str(fresh_build))
+    int8_matvec_library.cache_clear()
+    monkeypatch.setattr(build, "probe_exact", lambda lib: False)
+    assert int8_matvec_library() is None
+    monkeypatch.undo()
+    monkeypatch.setenv("ATTNGPT_KERNEL_CACHE", str(fresh_build))
+    monkeypatch.setenv("ATTNGPT_NATIVE_KERNELS", "0")
+    int8_matvec_library.cache_clear()
+    assert int8_matvec_library() is None
+    assert not Int8Linear.from_linear(nn.Linear(64, 8), "int8").use_native_kernel(int8_matvec_library())
+
+
+def test_the_probe_catches_a_kernel_that_sums_wrong(lib, monkeypatch):
+    """The probe's worst case (codes at 255 and 1, weights +-127) passes here and fails a product off by one."""
+    assert build.probe_exact(lib)
+    real_call = Int8Matvec.__call__
+    monkeypatch.setattr(Int8Matvec, "__call__", lambda self, x: real_call(self, x) + 1.0)
+    assert not build.probe_exact(lib)
