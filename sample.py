@@ -187,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = model.config
     quantized = None
     if args.quantize is not None:
-        from kernels.build import int8_matvec_library
+        from native.build import int8_matvec_library
         from model.quantize import quantize_int8
         # in place; the LM head, and for int8 the kernel of single rows (built here at first use), by measurement
         quantized = quantize_int8(model, args.quantize,

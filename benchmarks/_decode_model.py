@@ -9,7 +9,7 @@ import torch
 
 import _report
 from common.errors import UserError
-from kernels.build import int8_matvec_library
+from native.build import int8_matvec_library
 from model import GPT
 from model.packed import pack_linears
 from model.quantize import QUANTIZE_MODES, quantize_int8

@@ -4,7 +4,7 @@ and val loss, on one CPU, batch 1.
 Variants (each built fresh from the same weights; the LM head either float or int8, never measured here):
   float32, bfloat16                the float model
   int8/<dtype> [head int8]         weight-only int8: each token's activations as two int8 digits (single rows on
-                                   kernels/int8_matvec.c where quantize_int8 timed it faster, else and for several
+                                   native/int8_matvec.c where quantize_int8 timed it faster, else and for several
                                    rows FBGEMM), or bfloat16 rows into _weight_int8pack_mm where this torch has
                                    neither
   int8-dynamic/<dtype> [head int8] int8 weights and per-token int8 activations (FBGEMM / torch._int_mm)
@@ -53,7 +53,7 @@ from common.huge_pages import restart_in_huge_pages
 from model import GPT
 from model.generate import generate
 from model.packed import MATVEC, PackedLinear, onednn_packs, pack_linears, packing_of
-from kernels.build import int8_matvec_library
+from native.build import int8_matvec_library
 from model.quantize import Int8Linear, digit_levels, quantize_int8
 
 
@@ -212,7 +212,7 @@ class WeightPackKernel(torch.nn.Module):
 
 
 def native_layer(linear: torch.nn.Linear) -> Int8Linear:
-    """Weight-only int8 with single rows on kernels/int8_matvec.c (what quantize_int8 keeps where it times faster)."""
+    """Weight-only int8 with single rows on native/int8_matvec.c (what quantize_int8 keeps where it times faster)."""
     layer = Int8Linear.from_linear(linear, "int8")
     layer.use_native_kernel(int8_matvec_library())
     return layer
@@ -230,7 +230,7 @@ def kernel_report(build, label: str, args: argparse.Namespace) -> None:
                                             lambda lin: PackedLinear(copy.deepcopy(lin).to(torch.bfloat16), MATVEC)),
         "int8 (_weight_int8pack_mm)": (torch.bfloat16, WeightPackKernel),
         "int8 (two int8 digits, FBGEMM)": (torch.float32, lambda lin: Int8Linear.from_linear(lin, "int8")),
-        "int8 (two int8 digits, kernels/int8_matvec.c)": (torch.float32, native_layer),
+        "int8 (two int8 digits, native/int8_matvec.c)": (torch.float32, native_layer),
         "int8-dynamic (one-row kernel)": (torch.float32, lambda lin: Int8Linear.from_linear(lin, "int8-dynamic")),
     }
     if not onednn_packs(torch.bfloat16):
@@ -238,7 +238,7 @@ def kernel_report(build, label: str, args: argparse.Namespace) -> None:
     if digit_levels() is None:
         del kernels["int8 (two int8 digits, FBGEMM)"]
     if int8_matvec_library() is None:
-        del kernels["int8 (two int8 digits, kernels/int8_matvec.c)"]
+        del kernels["int8 (two int8 digits, native/int8_matvec.c)"]
     table = ["| kernel | block matmuls ms | GB/s | LM head ms | GB/s |", "|---|---:|---:|---:|---:|"]
     for name, (dtype, make) in kernels.items():
         with torch.no_grad():

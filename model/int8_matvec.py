@@ -1,7 +1,7 @@
-"""Weight-only int8 at one row on a kernel of our own, kernels/int8_matvec.c (the numbers, the layout and why are
+"""Weight-only int8 at one row on a kernel of our own, native/int8_matvec.c (the numbers, the layout and why are
 in its header comment): what sample.py --quantize int8 runs for each matmul of a decode step where it times
 faster than FBGEMM's path (model/quantize.py decides, by measuring). The library is built and loaded outside the
-network (kernels/build.py) and handed in; here is the weight's packing and the call.
+network (native/build.py) and handed in; here is the weight's packing and the call.
 """
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ Two modes, both with these weights:
                    tail: on torch 2.13 in_features 24 gave garbage and 7 crashed the process, so a layer whose
                    in_features is not a multiple of 16 is refused at quantize time.
                    A single row (a decode step) goes instead to a kernel of our own where it can be built here
-                   and times faster (kernels/int8_matvec.c, called by model/int8_matvec.py): the same two 8-bit
+                   and times faster (native/int8_matvec.c, called by model/int8_matvec.py): the same two 8-bit
                    digits and integer sums, computed with the product and the output's rounding in one call, the
                    weights read once in a layout made for streaming them. quantize_int8 times it against the path
                    above over the model's block matmuls at one row and keeps the faster for every layer.
@@ -68,7 +68,7 @@ weight-only kernel reads ~9 GB/s at one row, below what the memory gives, while 
 byte rate of bfloat16's packed kernel or more: twice the weights a second. FBGEMM's product of two rows (the two
 digits) costs little more than one: the weights are read once. Since then bfloat16 runs ATen's matrix-vector
 kernel at one row (model/packed.py), 5.7 ms for the block matmuls, while FBGEMM's digits with their ops around
-the product took ~6.6: int8 gained only on the LM head. kernels/int8_matvec.c takes 3.0 ms for the same 48 (1.2 for
+the product took ~6.6: int8 gained only on the LM head. native/int8_matvec.c takes 3.0 ms for the same 48 (1.2 for
 the head), ~30 GB/s of int8 weights. Whole decode steps, benchmarks/RESULTS.md.
 
 The LM head (`quantize_int8(lm_head=None)`): the float head of a CPU decode step already streams a column-major
@@ -107,7 +107,7 @@ MODE_TEXT = {"int8": "int8 weights, bfloat16 activations",
 INT8_MAX = 127  # symmetric: -127..127, so that -W quantizes to exactly -q
 KERNEL_IN_MULTIPLE = 16  # _weight_int8pack_mm's AVX-512 loop reads rows 16 values at a time, no tail
 FBGEMM_SMALLEST_SCALE = 6.1e-5  # FBGEMM never quantizes with a finer step (float16's smallest normal number)
-NATIVE_LEVELS = 256  # kernels/int8_matvec.c's digits: 8 bits each, its int32 sums exact on every CPU (no saturation)
+NATIVE_LEVELS = 256  # native/int8_matvec.c's digits: 8 bits each, its int32 sums exact on every CPU (no saturation)
 NATIVE_DTYPES = (torch.float32, torch.bfloat16)  # the rows it reads and writes
 NATIVE_TIMING_ROUNDS = 5  # interleaved rounds of one pass over the block matmuls, each kernel (model/timing.py)
 HEAD_TIMING_ROUNDS = 5  # interleaved rounds of HEAD_TIMING_CALLS calls of each head kernel (model/timing.py)
@@ -296,7 +296,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("scales_bf16", scales.to(torch.bfloat16), persistent=False)
         self.register_buffer("scales_f32", scales.float(), persistent=False)
         self._onednn_weight = None  # int8-dynamic: oneDNN's packed weight (an opaque mkldnn tensor, not a buffer)
-        self._native = None  # int8: kernels/int8_matvec.c for one row (model/int8_matvec.py), where use_native_kernel
+        self._native = None  # int8: native/int8_matvec.c for one row (model/int8_matvec.py), where use_native_kernel
         # turned it on
         self._fbgemm_weight = None  # FBGEMM's packed weight (an opaque object, not a buffer), without the bias for int8
         if mode == "int8" and weight_int8.device.type == "cpu" and digit_levels() is not None:
@@ -372,7 +372,7 @@ class Int8Linear(nn.Module):
         return self._digit_row if self.mode == "int8" else self._dynamic_row
 
     def use_native_kernel(self, lib: ctypes.CDLL | None) -> bool:
-        """Weight-only int8: run single rows on kernels/int8_matvec.c, loaded as lib (kernels/build.py:
+        """Weight-only int8: run single rows on native/int8_matvec.c, loaded as lib (native/build.py:
         int8_matvec_library), or with None no more; whether it is on after the call (never for int8-dynamic, or
         for a layer wider than the kernel's exact sums allow). The kernel's packed copy of the weight is made
         here, and dropped with None."""
@@ -384,7 +384,7 @@ class Int8Linear(nn.Module):
         return True
 
     def _native_row(self, x: torch.Tensor) -> torch.Tensor:
-        """One row on kernels/int8_matvec.c: the digits at 8 bits each (its sums are exact in int32 on any
+        """One row on native/int8_matvec.c: the digits at 8 bits each (its sums are exact in int32 on any
         CPU), from a CPU row of float32 or bfloat16; a row of any other dtype (or device) as _digit_row or run
         take it."""
         if x.dtype in NATIVE_DTYPES and x.device.type == "cpu":
@@ -508,7 +508,7 @@ def _head_seconds(model: nn.Module, candidate: Int8Linear, clock: Callable[[], f
 
 
 def _native_seconds(layers: list[Int8Linear], dtype: torch.dtype, clock: Callable[[], float]) -> tuple[float, float]:
-    """(kernels/int8_matvec.c, the one-row path without it) seconds for one pass over `layers` in turn at
+    """(native/int8_matvec.c, the one-row path without it) seconds for one pass over `layers` in turn at
     one row (1, 1, in) of `dtype`, as a decode step calls them, in interleaved rounds (model/timing.py). Without
     it a row goes to FBGEMM's digits (_digit_row), or where this torch has none to run()."""
     generator = torch.Generator().manual_seed(0)
@@ -527,7 +527,7 @@ def _native_seconds(layers: list[Int8Linear], dtype: torch.dtype, clock: Callabl
 
 def _choose_native_kernel(layers: list[Int8Linear], dtype: torch.dtype, clock: Callable[[], float],
                           lib: ctypes.CDLL | None) -> tuple[ctypes.CDLL | None, str]:
-    """Turn kernels/int8_matvec.c (lib) on for every layer where it times faster over them all than their one-row
+    """Turn native/int8_matvec.c (lib) on for every layer where it times faster over them all than their one-row
     path without it, off everywhere else; (lib where on else None, what was measured, for quantize_int8's
     description)."""
     if lib is None or not all(layer.use_native_kernel(lib) for layer in layers):
@@ -550,8 +550,8 @@ def quantize_int8(model: nn.Module, mode: str = "int8", lm_head: bool | None = N
                   clock: Callable[[], float] | None = None, int8_kernel: ctypes.CDLL | None = None) -> str:
     """Replace, in place, each block's qkv_proj, out_proj, fc_in and fc_out (nn.Linear) of the GPT `model` by
     an Int8Linear of `mode`, and the LM head too when lm_head is True; None: only where int8 measured faster
-    on one row here (`clock`: time.perf_counter unless a test stands in its own). int8_kernel: kernels/
-    int8_matvec.c loaded (kernels/build.py: int8_matvec_library), for weight-only int8's single rows where it
+    on one row here (`clock`: time.perf_counter unless a test stands in its own). int8_kernel: native/
+    int8_matvec.c loaded (native/build.py: int8_matvec_library), for weight-only int8's single rows where it
     times faster than FBGEMM's path; None: torch's kernels only. Returns a one-line description of what was
     done. For inference on a CPU only (module doc); a bad request raises UserError before any layer is
     changed."""

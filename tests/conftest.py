@@ -34,7 +34,7 @@ if "TIKTOKEN_CACHE_DIR" not in os.environ and _SHARED_TIKTOKEN_CACHE.is_dir():
 
 @pytest.fixture(autouse=True, scope="session")
 def kernel_cache(tmp_path_factory):
-    """kernels/build.py builds its kernels into a folder of the test session's, not into the user's cache."""
+    """native/build.py builds its kernels into a folder of the test session's, not into the user's cache."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ATTNGPT_KERNEL_CACHE", str(tmp_path_factory.mktemp("kernels")))
         yield

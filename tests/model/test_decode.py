@@ -17,7 +17,7 @@ from model.decode import EagerDecodeStep
 from model.generate import generate
 from model.gpt import HEAD_COLUMNS_MAX_ROWS, HeadPatch, KVCache
 from model.packed import MATVEC, ONEDNN, onednn_packs, pack_linears
-from kernels.build import int8_matvec_library
+from native.build import int8_matvec_library
 from model.quantize import Int8Linear, quantize_int8
 
 
@@ -83,7 +83,7 @@ def test_the_flat_step_gives_the_module_paths_logits_and_cache_writes(pos_kind, 
         pack_linears(model, kernel=ONEDNN if layers == "packed" else MATVEC)
     elif layers != "float":
         quantize_int8(model, layers.split()[0], lm_head=int8_head)
-        for layer in model.modules():  # single rows on kernels/int8_matvec.c or not, whichever was timed faster
+        for layer in model.modules():  # single rows on native/int8_matvec.c or not, whichever was timed faster
             if isinstance(layer, Int8Linear):
                 layer.use_native_kernel(int8_matvec_library() if layers == "int8 native" else None)
     if patch:

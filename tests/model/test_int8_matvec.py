@@ -1,4 +1,4 @@
-"""model/int8_matvec.py on kernels/int8_matvec.c: the product of one row equals float64's product of the same two
+"""model/int8_matvec.py on native/int8_matvec.c: the product of one row equals float64's product of the same two
 digits and the int8 weight (the integer sums exact, only the final float rounding), at any shape the padding has
 to cover, in float32 and bfloat16; a NaN or an infinity in the row gives NaN; Int8Linear runs single rows on it
 only when it is handed the library."""
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import model.int8_matvec as int8_matvec
-from kernels.build import int8_matvec_library
+from native.build import int8_matvec_library
 from model.int8_matvec import Int8Matvec, pack
 from model.quantize import Int8Linear, quantize_per_channel
 

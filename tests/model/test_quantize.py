@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from common.errors import UserError
-from kernels.build import int8_matvec_library
+from native.build import int8_matvec_library
 from model import GPT, ModelConfig
 import model.quantize as quantize_module
 from model.packed import PackedLinear, onednn_packs
@@ -471,7 +471,7 @@ def test_the_digit_probe_finds_this_kernel_exact_and_a_raising_one_not(monkeypat
 
 @pytest.mark.parametrize("native_ms, other_ms", [(1.0, 2.0), (2.0, 1.0)])
 def test_single_rows_go_to_the_native_kernel_only_where_it_measured_faster(monkeypatch, native_ms, other_ms):
-    """quantize_int8 times kernels/int8_matvec.c against the one-row path without it over the block matmuls (stood
+    """quantize_int8 times native/int8_matvec.c against the one-row path without it over the block matmuls (stood
     in here) and turns it on in every layer, the LM head included, only when it was faster; the description
     reports both times. A forward of one row then goes where the choice says; without the library nothing is
     timed."""

@@ -11,7 +11,7 @@ import torch._dynamo
 
 from model import GPT, ModelConfig
 from model.generate import generate
-from kernels.build import int8_matvec_library
+from native.build import int8_matvec_library
 from model.quantize import Int8Linear, quantize_int8
 
 TEXT = [int(c) for c in "0123456789" * 20]  # a cycle of 10 tokens
@@ -38,7 +38,7 @@ def peaked() -> GPT:
 
 
 def quantized(model: GPT, mode: str, dtype: torch.dtype, lm_head: bool) -> GPT:
-    """A copy in dtype, quantized; mode "int8 native": weight-only with single rows on kernels/int8_matvec.c (where
+    """A copy in dtype, quantized; mode "int8 native": weight-only with single rows on native/int8_matvec.c (where
     it can be built here), "int8": without it."""
     copy_ = copy.deepcopy(model).to(dtype)
     quantize_int8(copy_, mode.split()[0], lm_head=lm_head)

@@ -1,4 +1,4 @@
-"""kernels/build.py: a build appears in the cache in one step and is reused; where none can be had (no compiler, a
+"""native/build.py: a build appears in the cache in one step and is reused; where none can be had (no compiler, a
 failed build, a wrong probe product, switched off) there is no library, and a layer handed none keeps torch's
 kernels; the probe passes the real kernel and fails one that sums wrong."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import subprocess
 import pytest
 import torch.nn as nn
 
-import kernels.build as build
-from kernels.build import int8_matvec_library
+import native.build as build
+from native.build import int8_matvec_library
 from model.int8_matvec import Int8Matvec
 from model.quantize import Int8Linear
 

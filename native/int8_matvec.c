@@ -1,7 +1,7 @@
 /* Weight-only int8 matrix-vector product for one activation row: y = W x + b, with W held as int8 codes and one
  * float scale per output row, x carried as two int8 digits (model/quantize.py's module doc has the numbers).
  *
- * Built at first use by kernels/build.py with this machine's compiler (-O3 -march=native, OpenMP where the
+ * Built at first use by native/build.py with this machine's compiler (-O3 -march=native, OpenMP where the
  * compiler has it) and called through ctypes, once per matmul of a decode step. Why a kernel of our own: at one
  * row, torch's CPU int8 kernels read their int8 weights no faster than a bfloat16 matrix-vector product reads twice
  * the bytes (GPT-2 small's 48 block matmuls: FBGEMM ~4.5 ms plus the digits' ops, _weight_int8pack_mm ~8 ms,
