@@ -533,7 +533,8 @@ def _choose_native_kernel(layers: list[Int8Linear], dtype: torch.dtype, clock: C
     if lib is None or not all(layer.use_native_kernel(lib) for layer in layers):
         for layer in layers:
             layer.use_native_kernel(None)
-        return None, ""
+        why = "not built here (no C compiler, or ATTNGPT_NATIVE_KERNELS=0)" if lib is None else "too wide a layer"
+        return None, f"; single rows without attngpt's int8 kernel: {why}"
     native_s, other_s = _native_seconds(layers, dtype, clock)
     on = native_s < other_s
     if not on:

@@ -40,6 +40,16 @@ def kernel_cache(tmp_path_factory):
         yield
 
 
+@pytest.fixture
+def lib():
+    """native/int8_matvec.c built and loaded; the test skips where it cannot be (no C compiler)."""
+    from native.build import int8_matvec_library
+    built = int8_matvec_library()
+    if built is None:
+        pytest.skip("no C compiler here: the int8 kernel cannot be built")
+    return built
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, data_dir):
     """A tiny run of 2 steps (latest/ and best/ at step 2) and its model, once per module; the module

@@ -16,14 +16,6 @@ from model.int8_matvec import Int8Matvec, pack
 from model.quantize import Int8Linear, quantize_per_channel
 
 
-@pytest.fixture
-def lib():
-    built = int8_matvec_library()
-    if built is None:
-        pytest.skip("no C compiler here: the int8 kernel cannot be built")
-    return built
-
-
 def digits_reference(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """The C file's numbers computed independently: float32 digits as torch rounds them (half to even), the sums
     and the combination in float64."""

@@ -16,14 +16,6 @@ from model.quantize import Int8Linear
 
 
 @pytest.fixture
-def lib():
-    built = int8_matvec_library()
-    if built is None:
-        pytest.skip("no C compiler here: the int8 kernel cannot be built")
-    return built
-
-
-@pytest.fixture
 def fresh_build(tmp_path, monkeypatch):
     """int8_matvec_library() measured again against an empty cache folder of the test's own, and once more
     afterwards."""
@@ -76,3 +68,30 @@ def test_the_probe_catches_a_kernel_that_sums_wrong(lib, monkeypatch):
     real_call = Int8Matvec.__call__
     monkeypatch.setattr(Int8Matvec, "__call__", lambda self, x: real_call(self, x) + 1.0)
     assert not build.probe_exact(lib)
+
+
+def test_the_cache_folder_is_the_one_named_else_xdg_else_home(monkeypatch, tmp_path):
+    monkeypatch.setenv("ATTNGPT_KERNEL_CACHE", str(tmp_path / "named"))
+    assert build.cache_dir() == tmp_path / "named"
+    monkeypatch.delenv("ATTNGPT_KERNEL_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert build.cache_dir() == tmp_path / "xdg" / "attngpt" / "kernels"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert build.cache_dir() == tmp_path / "home" / ".cache" / "attngpt" / "kernels"
+
+
+def test_a_flag_set_that_does_not_build_gives_way_to_the_next(fresh_build, monkeypatch):
+    """Where the compiler has no OpenMP (or no -march=native), the next flags build: one thread, the same
+    numbers (the probe passed)."""
+    if build.compiler() is None:
+        pytest.skip("no C compiler here")
+    tried = []
+    real = build.compile_into
+
+    def without_openmp(cc, source, flags, target):
+        tried.append(flags)
+        return "-fopenmp" not in flags and real(cc, source, flags, target)
+    monkeypatch.setattr(build, "compile_into", without_openmp)
+    assert int8_matvec_library() is not None
+    assert tried == list(build.FLAG_SETS[:2]) and len(os.listdir(fresh_build)) == 1
