@@ -87,7 +87,7 @@ def compile_into(cc: str, source: Path, flags: tuple[str, ...], target: Path) ->
 def built_library(source: Path, bind) -> ctypes.CDLL | None:
     """source built (or found in the cache) and loaded, with bind(lib) -> lib or None (its signatures set, its
     probe passed) deciding whether a build is usable; None where none is (module doc)."""
-    if os.environ.get("ATTNGPT_NATIVE_KERNELS", "1") == "0":
+    if os.environ.get("ATTNGPT_NATIVE_KERNELS", "1") == "0" or not source.is_file():  # an install without it
         return None
     cc = compiler()
     if cc is None:

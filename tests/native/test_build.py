@@ -60,6 +60,8 @@ def test_no_compiler_a_failed_build_a_wrong_probe_or_switched_off_give_no_librar
     int8_matvec_library.cache_clear()
     assert int8_matvec_library() is None
     assert not Int8Linear.from_linear(nn.Linear(64, 8), "int8").use_native_kernel(int8_matvec_library())
+    monkeypatch.delenv("ATTNGPT_NATIVE_KERNELS")
+    assert build.built_library(fresh_build / "missing.c", build.bind_int8_matvec) is None
 
 
 def test_the_probe_catches_a_kernel_that_sums_wrong(lib, monkeypatch):
