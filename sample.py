@@ -204,7 +204,9 @@ def run(args: argparse.Namespace) -> int:
                         f"need at least {human_bytes(needed)}, the device has {human_bytes(available)}: "
                         f"lower --num-samples or --max-new-tokens")
     if device.type == "cpu" and needed + weight_bytes <= available:
-        pack_linears(model)  # the matmul weights prepared for the kernel that times fastest at one row (model/packed.py)
+        # the matmul weights prepared for the kernel that times fastest at one row (model/packed.py), and for a
+        # matvec kernel a oneDNN-packed copy for the prompt's prefill too where memory holds one more copy
+        pack_linears(model, rows_copy=needed + 2 * weight_bytes <= available)
     idx = torch.tensor([ids], dtype=torch.long, device=device)
 
     if args.dump_attn is not None:  # an empty spec is an error, not "no dump"

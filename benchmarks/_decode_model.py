@@ -56,6 +56,6 @@ def build(args: argparse.Namespace) -> tuple[GPT, str, torch.Tensor]:
     quantized = ""
     if args.quantize:  # as sample.py quantizes: for int8 the kernel of single rows by measurement
         quantized = f"{quantize_int8(model, args.quantize, int8_kernel=int8_matvec_library())}; "
-    weights = quantized + (pack_linears(model) or "matmul weights as they were (nothing to prepare)")
+    weights = quantized + (pack_linears(model, rows_copy=True) or "matmul weights as they were (nothing to prepare)")
     prompt = torch.randint(0, config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(1))
     return model, weights, prompt

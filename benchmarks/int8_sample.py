@@ -310,7 +310,7 @@ def run_variants(build, prepared, args: argparse.Namespace, agree: int) -> list[
         model = build(variant.dtype)
         quantized = (quantize_int8(model, variant.mode, lm_head=variant.lm_head, int8_kernel=int8_matvec_library())
                      if variant.mode else "")
-        pack_linears(model)  # as sample.py does: what is left in float, prepacked where that times faster
+        pack_linears(model, rows_copy=True)  # as sample.py does: what is left in float, prepacked where faster
         packing = packing_of(model)
         descriptions[variant.name] = "; ".join(filter(None, [quantized, f"float matmuls {packing}" if packing else ""]))
         models[variant.name] = model

@@ -61,16 +61,28 @@ def norm_kernel(norm: nn.Module) -> Kernel:
     return norm
 
 
+def onednn_pointwise() -> Callable:
+    """oneDNN's packed linear, the operator itself (OpOverload._op, where this torch has it), without the ~0.6 us of
+    the op packet's Python __call__ around it, 49 times a GPT-2 step."""
+    pointwise = torch.ops.mkldnn._linear_pointwise.default
+    return getattr(pointwise, "_op", pointwise)
+
+
 def linear_kernel(linear: nn.Module, dtype: torch.dtype, batch: int, derived: list[tuple[torch.Tensor, tuple]]
                   ) -> Kernel:
     """x (batch, 1, in) -> linear(x) as the layer itself computes it for an input of `dtype` without grad on a CPU:
     a PackedLinear on its prepared copy (its weight, and for matvec its bias, appended to `derived` with their keys,
-    checked at every step) or, where its kernel does not apply (a dtype oneDNN does not pack here; matvec at a
-    batch above 1), F.linear, as PackedLinear.forward chooses; an nn.Linear by F.linear; an
+    checked at every step; matvec at a batch above 1 on its oneDNN-packed rows copy where it has one) or, where
+    its kernel does not apply (a dtype oneDNN does not pack here; matvec at a batch above 1 without a rows copy),
+    F.linear, as PackedLinear.forward chooses; an nn.Linear by F.linear; an
     Int8Linear (model/quantize.py) by its one-row kernel at batch 1, else by its forward; any other layer by its
     own forward."""
     if isinstance(linear, PackedLinear):
         weight, bias = linear.weight, linear.bias
+        if weight.dtype == dtype and linear.rows_kernel_runs(dtype, batch):  # a matvec layer's rows copy
+            rows, pointwise = linear.rows_weight(), onednn_pointwise()
+            derived.append((weight, weight_key(weight)))
+            return lambda x: pointwise(x, rows, bias, "none", [], "")
         if weight.dtype != dtype or not linear.kernel_runs(dtype, batch):
             return functools.partial(F.linear, weight=weight, bias=bias)
         packed = linear.packed_weight()  # made again here if the weight changed since
@@ -79,10 +91,7 @@ def linear_kernel(linear: nn.Module, dtype: torch.dtype, batch: int, derived: li
             if bias is not None:  # the matvec copy holds the bias too
                 derived.append((bias, weight_key(bias)))
             return linear.matvec
-        # the operator itself (OpOverload._op, where this torch has it), without the ~0.6 us of the op packet's
-        # Python __call__ around it, 49 times a GPT-2 step
-        pointwise = torch.ops.mkldnn._linear_pointwise.default
-        pointwise = getattr(pointwise, "_op", pointwise)
+        pointwise = onednn_pointwise()
         return lambda x: pointwise(x, packed, bias, "none", [], "")
     if isinstance(linear, nn.Linear):
         return functools.partial(F.linear, weight=linear.weight, bias=linear.bias)

@@ -70,7 +70,7 @@ DTYPES = [(torch.float32, torch.float32), (torch.bfloat16, torch.float32), (torc
        mlp=st.sampled_from(["gelu", "swiglu"]), heads=st.sampled_from([(4, 4), (4, 2), (4, 1), (2, 1)]),
        dtypes=st.sampled_from(DTYPES), bias=st.booleans(), tie=st.booleans(),
        batch=st.sampled_from([1, 2, 3, HEAD_COLUMNS_MAX_ROWS + 1]), pos=st.integers(0, 14),
-       layers=st.sampled_from(["float", "packed", "matvec", "int8", "int8 native", "int8-dynamic"]),
+       layers=st.sampled_from(["float", "packed", "matvec", "matvec rows", "int8", "int8 native", "int8-dynamic"]),
        int8_head=st.booleans(),
        patch=st.booleans(), float32_kernel=st.booleans(), seed=st.integers(0, 2**16))
 def test_the_flat_step_gives_the_module_paths_logits_and_cache_writes(pos_kind, norm, mlp, heads, dtypes, bias, tie,
@@ -79,8 +79,8 @@ def test_the_flat_step_gives_the_module_paths_logits_and_cache_writes(pos_kind, 
     (n_head, n_kv_head), (dtype, cache_dtype) = heads, dtypes
     model = lively(dtype, seed, pos=pos_kind, norm=norm, mlp=mlp, n_head=n_head, n_kv_head=n_kv_head,
                    d_model=8 * n_head, bias=bias, tie_embeddings=tie)
-    if layers in ("packed", "matvec"):
-        pack_linears(model, kernel=ONEDNN if layers == "packed" else MATVEC)
+    if layers in ("packed", "matvec", "matvec rows"):
+        pack_linears(model, kernel=ONEDNN if layers == "packed" else MATVEC, rows_copy=layers == "matvec rows")
     elif layers != "float":
         quantize_int8(model, layers.split()[0], lm_head=int8_head)
         for layer in model.modules():  # single rows on native/int8_matvec.c or not, whichever was timed faster
@@ -115,21 +115,22 @@ def test_the_head_is_multiplied_as_the_module_path_does_at_either_side_of_its_ro
     assert ("_head_columns" in model.__dict__) == (batch <= HEAD_COLUMNS_MAX_ROWS)
 
 
-@pytest.mark.parametrize("kind", ["packed", "matvec weight", "matvec bias", "head columns"])
+@pytest.mark.parametrize("kind", ["packed", "matvec weight", "matvec bias", "matvec rows", "head columns"])
 def test_a_weight_changed_between_steps_is_read_as_it_is_now(kind):
     """A copy derived from a weight (the oneDNN-packed one, the matvec one that holds the bias too, the LM head's
-    column-major one) is checked at every step: a weight or bias changed in place after the step was built gives
-    the module path's logits for the new one."""
-    if kind == "packed" and not onednn_packs(torch.float32):
+    column-major one, a matvec layer's oneDNN-packed rows copy at a batch of 2) is checked at every step: a weight
+    or bias changed in place after the step was built gives the module path's logits for the new one."""
+    if kind in ("packed", "matvec rows") and not onednn_packs(torch.float32):
         pytest.skip("oneDNN does not pack float32 weights here")
     model = lively(bias=True)
     if kind != "head columns":
-        pack_linears(model, kernel=ONEDNN if kind == "packed" else MATVEC)
+        pack_linears(model, kernel=ONEDNN if kind == "packed" else MATVEC, rows_copy=kind == "matvec rows")
     qkv = model.blocks[0].attn.qkv_proj
-    changed = {"packed": qkv.weight, "matvec weight": qkv.weight, "matvec bias": qkv.bias,
+    changed = {"packed": qkv.weight, "matvec weight": qkv.weight, "matvec bias": qkv.bias, "matvec rows": qkv.weight,
                "head columns": model.lm_head.weight}[kind]
-    token = torch.tensor([[3]])
-    model.setup_kv_cache(1, 8)
+    batch = 2 if kind == "matvec rows" else 1
+    token = torch.tensor([[3]] * batch)
+    model.setup_kv_cache(batch, 8)
     try:
         with torch.inference_mode():
             step = EagerDecodeStep(model)

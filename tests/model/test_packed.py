@@ -267,3 +267,45 @@ def test_matvec_weights_are_padded_rows_holding_the_bias_and_no_copy_without_one
     assert torch.equal(copy[:, 24], layer.bias.detach()) and not bool(copy[:, 25:].any())
     no_bias = PackedLinear(nn.Linear(24, 8, bias=False), MATVEC)
     assert no_bias.packed_weight().data_ptr() == no_bias.weight.data_ptr()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_matvec_layers_rows_copy_runs_several_rows_on_onednn_and_follows_the_weight(dtype):
+    """rows_copy: one row on ATen's matvec as before, several rows (a prefill) on a oneDNN-packed copy, the numbers
+    of a oneDNN-packed layer bit for bit; made again after an in-place change to the weight. Without rows_copy,
+    several rows run F.linear."""
+    if not onednn_packs(dtype):
+        pytest.skip("oneDNN does not pack this dtype here")
+    torch.manual_seed(2)
+    linear = nn.Linear(48, 40).to(dtype)
+    with_copy, without = PackedLinear(linear, MATVEC, rows_copy=True), PackedLinear(linear, MATVEC)
+    reference = PackedLinear(linear, ONEDNN)
+    rows, row = torch.randn(2, 7, 48, dtype=dtype), torch.randn(1, 1, 48, dtype=dtype)
+    with torch.no_grad():
+        for _ in range(2):  # the second time after the weight changed in place
+            assert torch.equal(with_copy(rows), reference(rows))
+            assert torch.equal(without(rows), F.linear(rows, linear.weight, linear.bias))
+            assert torch.equal(with_copy(row), without(row))  # one row: the matvec kernel either way
+            linear.weight.mul_(-0.5)
+    assert with_copy._rows_packed is not None and without._rows_packed is None
+    assert "rows_copy=True" in repr(with_copy)
+    assert not PackedLinear(linear, ONEDNN, rows_copy=True).rows_copy  # oneDNN-packed takes every row already
+
+
+def test_pack_linears_keeps_a_rows_copy_only_when_asked_and_never_for_the_head():
+    if not onednn_packs(torch.float32):
+        pytest.skip("oneDNN does not pack float32 here")
+    for asked in (False, True):
+        model = tiny(tie=False)
+        note = pack_linears(model, kernel=MATVEC, rows_copy=asked)
+        blocks = [m for name, m in model.named_modules() if isinstance(m, PackedLinear) and name != "lm_head"]
+        assert len(blocks) == 8 and all(m.rows_copy is asked and (m._rows_packed is not None) is asked
+                                        for m in blocks)
+        assert not model.lm_head.rows_copy
+        assert ("oneDNN-packed copy" in note) is asked
+        prompt = torch.tensor([[1, 2, 3, 4, 5]])
+        with torch.no_grad():
+            logits, _ = model(prompt)  # several rows through every block
+        assert torch.isfinite(logits).all()
+    assert not PackedLinear(nn.Linear(8, 8), MATVEC).rows_copy
+    assert "oneDNN-packed copy" not in pack_linears(tiny(), kernel=ONEDNN, rows_copy=True)
