@@ -176,7 +176,7 @@ class PackedLinear(nn.Module):
         """A matvec layer's oneDNN-packed copy for several rows (rows_copy), made again after any change to the
         weight (oneDNN adds the bias itself)."""
         weight = self.weight
-        key = (weight.data_ptr(), weight._version, weight.dtype)
+        key = weight_key(weight)
         if self._rows_packed is None or self._rows_packed[0] != key:
             with torch.inference_mode(False), torch.no_grad():
                 self._rows_packed = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1))
@@ -202,23 +202,18 @@ class PackedLinear(nn.Module):
         oneDNN where this CPU packs the dtype, matvec for a single row."""
         return onednn_packs(dtype) if self.kernel == ONEDNN else rows == 1 and matvec_available()
 
-    def uses_rows_copy(self, x: torch.Tensor) -> bool:
-        """uses_packed's conditions, for the rows copy of a matvec layer."""
-        weight = self.weight
-        return (x.dtype == weight.dtype and not torch.compiler.is_compiling()
-                and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
-                and x.device.type == "cpu" and weight.device.type == "cpu"
-                and self.rows_kernel_runs(x.dtype, x.numel() // self.in_features))
-
-    def uses_packed(self, x: torch.Tensor) -> bool:
-        """The prepared kernel applies: not being compiled, a CPU input of the weight's dtype, no gradient wanted, and
-        kernel_runs."""
+    def takes_prepared(self, x: torch.Tensor) -> bool:
+        """Whether a prepared copy may take x at all: not being compiled, a CPU input of the weight's dtype, no
+        gradient wanted (uses_packed and the rows copy add how many rows their kernel takes)."""
         weight = self.weight
         # the cheapest tests first: a decode step of GPT-2 small asks 49 times
         return (x.dtype == weight.dtype and not torch.compiler.is_compiling()
                 and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
-                and x.device.type == "cpu" and weight.device.type == "cpu"
-                and self.kernel_runs(x.dtype, x.numel() // self.in_features))
+                and x.device.type == "cpu" and weight.device.type == "cpu")
+
+    def uses_packed(self, x: torch.Tensor) -> bool:
+        """The prepared kernel applies: takes_prepared, and kernel_runs."""
+        return self.takes_prepared(x) and self.kernel_runs(x.dtype, x.numel() // self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         packed = self._packed
@@ -233,7 +228,7 @@ class PackedLinear(nn.Module):
             if x.numel() == self.in_features:
                 return self.matvec(x)
         if not self.uses_packed(x):
-            if self.rows_copy and self.uses_rows_copy(x):
+            if self.rows_kernel_runs(x.dtype, x.numel() // self.in_features) and self.takes_prepared(x):
                 return torch.ops.mkldnn._linear_pointwise(x, self.rows_weight(), self.bias, "none", [], "")
             return F.linear(x, self.weight, self.bias)
         copy = self.packed_weight()

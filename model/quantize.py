@@ -389,6 +389,10 @@ class Int8Linear(nn.Module):
         take it."""
         if x.dtype in NATIVE_DTYPES and x.device.type == "cpu":
             return self._native(x.contiguous())  # a row of a decode step is contiguous already: no copy
+        return self._row_without_native(x)
+
+    def _row_without_native(self, x: torch.Tensor) -> torch.Tensor:
+        """One row as weight-only int8 runs it without native/int8_matvec.c: FBGEMM's digits, else run()."""
         if self._fbgemm_weight is not None:
             return self._digit_row(x)
         return self.run(x, one_row_kernels=True)
@@ -510,12 +514,11 @@ def _head_seconds(model: nn.Module, candidate: Int8Linear, clock: Callable[[], f
 def _native_seconds(layers: list[Int8Linear], dtype: torch.dtype, clock: Callable[[], float]) -> tuple[float, float]:
     """(native/int8_matvec.c, the one-row path without it) seconds for one pass over `layers` in turn at
     one row (1, 1, in) of `dtype`, as a decode step calls them, in interleaved rounds (model/timing.py). Without
-    it a row goes to FBGEMM's digits (_digit_row), or where this torch has none to run()."""
+    it a row goes where _row_without_native sends it."""
     generator = torch.Generator().manual_seed(0)
     rows = [torch.randn(1, 1, layer.in_features, generator=generator).to(dtype) for layer in layers]
     native = [layer._native_row for layer in layers]
-    other = [layer._digit_row if layer._fbgemm_weight is not None
-             else functools.partial(layer.run, one_row_kernels=True) for layer in layers]
+    other = [layer._row_without_native for layer in layers]
 
     def one_pass(kernels):
         return lambda: [kernel(x) for kernel, x in zip(kernels, rows)]
