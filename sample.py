@@ -36,6 +36,7 @@ from data.tokenizer import REPLACEMENT_CHAR
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "small.yaml"
 PROMPT_FILE_LIMIT = 1_000_000  # bytes: far more than any block_size of text, far less than memory
+DECODE_KERNEL_TEXT = ", attention on attngpt's decode kernel"  # the speed line's words for model/decode_attention.py
 QUANTIZE_MODES = ("int8", "int8-dynamic")  # model.quantize.QUANTIZE_MODES, named here before torch's import
 
 
@@ -207,6 +208,12 @@ def run(args: argparse.Namespace) -> int:
         # the matmul weights prepared for the kernel that times fastest at one row (model/packed.py), and for a
         # matvec kernel a oneDNN-packed copy for the prompt's prefill too where memory holds one more copy
         pack_linears(model, rows_copy=needed + 2 * weight_bytes <= available)
+    if device.type == "cpu" and not args.no_kv_cache:
+        from native.build import decode_attention_library
+        from model.decode_attention import use_decode_attention
+        # each decoded token's attention over the cache on our kernel where it times faster (built here at first use)
+        use_decode_attention(model, decode_attention_library(), args.num_samples,
+                             min(cfg.block_size, len(ids) + args.max_new_tokens))
     idx = torch.tensor([ids], dtype=torch.long, device=device)
 
     if args.dump_attn is not None:  # an empty spec is an error, not "no dump"
@@ -264,6 +271,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"[{new_tokens} tokens x {args.num_samples} in {elapsed:.2f}s: "
           f"{new_tokens * args.num_samples / max(elapsed, 1e-9):.1f} tokens/s, "
           f"{'no KV cache' if args.no_kv_cache else 'KV cache'}{', compiled decode' if compile_step else ''}"
+          f"{DECODE_KERNEL_TEXT if model.blocks[0].attn.decode_kernel is not None and not compile_step else ''}"
           f"{f', --quantize {args.quantize}' if args.quantize else ''}{PACKED_WEIGHTS_TEXT.get(packing_of(model), '')}, "
           f"{source.label}]", file=sys.stderr)
     return 0

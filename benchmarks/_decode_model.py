@@ -9,8 +9,9 @@ import torch
 
 import _report
 from common.errors import UserError
-from native.build import int8_matvec_library
+from native.build import decode_attention_library, int8_matvec_library
 from model import GPT
+from model.decode_attention import use_decode_attention
 from model.packed import pack_linears
 from model.quantize import QUANTIZE_MODES, quantize_int8
 from sample_vs_hf import SHAPES
@@ -57,5 +58,6 @@ def build(args: argparse.Namespace) -> tuple[GPT, str, torch.Tensor]:
     if args.quantize:  # as sample.py quantizes: for int8 the kernel of single rows by measurement
         quantized = f"{quantize_int8(model, args.quantize, int8_kernel=int8_matvec_library())}; "
     weights = quantized + (pack_linears(model, rows_copy=True) or "matmul weights as they were (nothing to prepare)")
+    weights += f"; {use_decode_attention(model, decode_attention_library(), 1, args.prompt + args.new_tokens)}"
     prompt = torch.randint(0, config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(1))
     return model, weights, prompt

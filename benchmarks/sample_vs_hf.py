@@ -71,8 +71,10 @@ from common.device import resolve_device
 from common.errors import ArgumentParser, UserError, user_errors_exit
 from common.huge_pages import restart_in_huge_pages
 from model import GPT, ModelConfig
+from model.decode_attention import use_decode_attention
 from model.generate import decode_cache_dtype, generate
 from model.packed import pack_linears
+from native.build import decode_attention_library
 from pretrained.hf.transformers_model import to_transformers
 from training.config import load_run_config
 
@@ -190,7 +192,10 @@ def measure(shape: str, n_new: int, args: argparse.Namespace, device: torch.devi
     """Time the variants of one shape and length (interleaved rounds), and the limits of its decode step."""
     ours, theirs = build(SHAPES[shape], device, dtype)
     linear_floor_s = _limits.matmul_floor_seconds(ours)  # torch's F.linear on the weights as stored
-    pack_note = pack_linears(ours, rows_copy=True) if device.type == "cpu" else None  # as sample.py does
+    pack_note = None
+    if device.type == "cpu":  # as sample.py does: the matmul weights prepared, attention by measurement
+        pack_note = (f"{pack_linears(ours, rows_copy=True)}; "
+                     f"{use_decode_attention(ours, decode_attention_library(), 1, args.prompt + n_new)}")
     prompt = torch.randint(0, SHAPES[shape].vocab_size, (1, args.prompt),
                            generator=torch.Generator().manual_seed(1)).to(device)
     runs = {name: runner(name, ours, theirs, prompt, n_new) for name in VARIANTS}

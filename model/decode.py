@@ -130,7 +130,7 @@ def head_kernel(model: GPT, batch: int, derived: list[tuple[torch.Tensor, tuple]
 class LayerStep:
     """One block's part of a decode step: its tensors and kernels, looked up once (EagerDecodeStep)."""
     __slots__ = ("attn_norm", "qkv_proj", "out_proj", "mlp_norm", "mlp", "kv", "k_cache", "v_cache", "head_patch",
-                 "dtype", "attn_dtype", "cast_cache", "upcast", "n_head", "n_kv_head", "head_dim", "n_rep")
+                 "dtype", "attn_dtype", "cast_cache", "upcast", "n_head", "n_kv_head", "head_dim", "n_rep", "decode_kernel")
 
     def __init__(self, block: nn.Module, dtype: torch.dtype, derived: list[tuple[torch.Tensor, tuple]]):
         attn: CausalSelfAttention = block.attn
@@ -152,6 +152,11 @@ class LayerStep:
         self.dtype, self.attn_dtype = dtype, torch.float32 if float32 else dtype
         self.cast_cache = self.kv.dtype != self.attn_dtype  # k, v read back in attn_dtype
         self.upcast = self.attn_dtype != dtype  # q widened, the output narrowed back
+        # our kernel where the module path takes it (the same test on tensors of this step's dtypes and layout:
+        # q a view of the qkv output, k and v of the cache), reading q and the cache as they are
+        kernel, query = attn.decode_kernel, torch.empty(batch, 1, self.n_head, self.head_dim, dtype=dtype)
+        one_slot = self.k_cache.narrow(2, 0, 1), self.v_cache.narrow(2, 0, 1)
+        self.decode_kernel = kernel if kernel is not None and kernel.takes(query.transpose(1, 2), *one_slot) else None
 
     def __call__(self, x: torch.Tensor, rope: torch.Tensor | None, pos: int) -> torch.Tensor:
         """x (B, 1, d_model), the residual stream at position pos -> the block's output, (B, 1, d_model)."""
@@ -173,24 +178,28 @@ class LayerStep:
         # the written prefix, all of it seen, (B, n_kv_head, pos + 1, D); q (B, n_head, 1, D), in attn_dtype
         k, v = self.k_cache.narrow(2, 0, pos + 1), self.v_cache.narrow(2, 0, pos + 1)
         q = q.transpose(1, 2)
-        if self.cast_cache:
-            k, v = k.to(self.attn_dtype), v.to(self.attn_dtype)
-        if self.upcast:
-            q = q.to(self.attn_dtype)
-        # fused_attention's call (model/gpt.py) without its per-call choices, made in __init__: no mask, shared kv
-        # heads read in place where the kernel can (enable_gqa), repeated otherwise
-        if self.n_rep == 1:
-            out = F.scaled_dot_product_attention(q, k, v)  # (B, n_head, 1, D)
-        elif SDPA_HAS_GQA:
-            out = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-        else:
-            out = F.scaled_dot_product_attention(q, repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep))
-        if self.upcast:
-            out = out.to(self.dtype)
+        # (B, n_head, 1, D): on our kernel as the module path calls it, else on the fused kernel
+        out = self.fused(q, k, v) if self.decode_kernel is None else self.decode_kernel(q, k, v)
         if self.head_patch is not None:
             out = self.head_patch.apply(out)
         x = x + self.out_proj(out.reshape(B, 1, n_head * head_dim))  # (B, n_head, 1, D) holds the heads side by side
         return x + self.mlp(self.mlp_norm(x))
+
+    def fused(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q (B, n_head, 1, D) over k, v (B, n_kv_head, T, D), every key seen -> (B, n_head, 1, D) in the model's
+        dtype: fused_attention's call (model/gpt.py) without its per-call choices, made in __init__: no mask, shared
+        kv heads read in place where the kernel can (enable_gqa), repeated otherwise, in attn_dtype."""
+        if self.cast_cache:
+            k, v = k.to(self.attn_dtype), v.to(self.attn_dtype)
+        if self.upcast:
+            q = q.to(self.attn_dtype)
+        if self.n_rep == 1:
+            out = F.scaled_dot_product_attention(q, k, v)
+        elif SDPA_HAS_GQA:
+            out = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        else:
+            out = F.scaled_dot_product_attention(q, repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep))
+        return out.to(self.dtype) if self.upcast else out
 
 
 def has_hooks(model: nn.Module) -> bool:

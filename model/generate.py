@@ -98,11 +98,13 @@ def decode_cache_dtype(model: GPT, batch_size: int, max_len: int, compiled: bool
     in bfloat16 against ~45 us on a float32 cache, over 1,000 positions 1,090 against 180 us, on an AVX512-BF16 CPU
     (benchmarks/RESULTS.md). A float32 cache holds the same numbers (each bfloat16 key and value widened exactly)
     and is read as it is stored (CausalSelfAttention.forward), twice the memory of a bfloat16 one. Compiled decode
-    steps keep the model's."""
+    steps keep the model's, and so does a model on our decode attention kernel (model/decode_attention.py), which
+    was timed faster on the model's dtype than the fused kernel on either."""
     dtype, device = model.tok_emb.weight.dtype, model.tok_emb.weight.device
-    if compiled or device.type != "cpu" or dtype == torch.float32 or not dtype.is_floating_point:
-        return dtype
     attn = model.blocks[0].attn
+    if (compiled or device.type != "cpu" or dtype == torch.float32 or not dtype.is_floating_point
+            or attn.decode_kernel is not None):
+        return dtype
     length = max(1, max_len // 2)  # the mean context of a generation that fills the cache
     wide = float32_attention_faster(dtype, batch_size, attn.n_head, attn.n_kv_head, attn.head_dim, length)
     return torch.float32 if wide else dtype

@@ -312,6 +312,9 @@ class CausalSelfAttention(nn.Module):
         # which fast path plain causal attention over x takes (ATTENTION_KERNELS): set by `dtype: auto` to what
         # measured fastest (training/autotune.py), a setting of the machine, never part of the model's config
         self.attention_kernel = "fused"
+        # one decoded query over the cache on a kernel of our own (model/decode_attention.py's DecodeAttention), set
+        # by use_decode_attention where it timed faster than the fused kernel; None: the fused kernel
+        self.decode_kernel = None
 
     def project_qkv(self, x: torch.Tensor, rope: torch.Tensor | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -348,8 +351,17 @@ class CausalSelfAttention(nn.Module):
         dropout_p = self.dropout_p if self.training else 0.0
         n_rep = self.n_head // self.n_kv_head
 
+        # Eager decoding of one token (generate's eager CPU steps take model/decode.py instead): its query sits at
+        # the newest written position and the mask row is the written prefix, all True (GPT._hidden cuts it
+        # there), so no mask is applied; applying one costs ~5% of an eager CPU decode step (benchmarks/RESULTS.md).
+        # Compiled code keeps the row, which on CUDA is a whole-buffer row with unwritten slots to hide.
+        one_query = T == 1 and mask is not None and not torch.compiler.is_compiling()
+
         weights = None
-        if need_weights or self.attn_impl == "manual":
+        if (one_query and self.decode_kernel is not None and not need_weights and self.attn_impl != "manual"
+                and dropout_p == 0.0 and self.decode_kernel.takes(q, k, v)):
+            out = self.decode_kernel(q, k, v)  # (B, n_head, 1, head_dim), from the cache as it is stored
+        elif need_weights or self.attn_impl == "manual":
             # Group the query heads by the kv head they share: (B, n_kv_head, n_rep, T, head_dim);
             # k and v broadcast over the group axis, so shared heads are never copied.
             k, v = k.to(q.dtype), v.to(q.dtype)
@@ -359,12 +371,7 @@ class CausalSelfAttention(nn.Module):
             out = out.view(B, self.n_head, T, self.head_dim)
             weights = weights.view(B, self.n_head, T, -1) if need_weights else None
         else:
-            # Eager decoding of one token (generate's eager CPU steps take model/decode.py instead): its query sits at
-            # the newest written position and the mask row is the written prefix, all True (GPT._hidden cuts it
-            # there), so the fused kernel needs no mask; applying one costs ~5% of an eager CPU decode step
-            # (benchmarks/RESULTS.md). Compiled code keeps the row, which on CUDA is a whole-buffer row with
-            # unwritten slots to hide.
-            sdpa_mask = None if T == 1 and mask is not None and not torch.compiler.is_compiling() else mask
+            sdpa_mask = None if one_query else mask
             if not wide_cache:
                 k, v = k.to(q.dtype), v.to(q.dtype)
             if mask is None and self.attention_kernel == "matmul":  # causal over x itself: training, evals

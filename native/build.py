@@ -1,4 +1,5 @@
-"""Building and loading the C kernels in this folder: `int8_matvec_library()` for model/int8_matvec.py.
+"""Building and loading the C kernels in this folder: `int8_matvec_library()` for model/int8_matvec.py,
+`decode_attention_library()` for model/decode_attention.py.
 
 A source is compiled once per machine into a cache folder (ATTNGPT_KERNEL_CACHE, else
 $XDG_CACHE_HOME/attngpt/kernels, else ~/.cache/attngpt/kernels), named by a hash of the source, the compiler (its
@@ -26,10 +27,12 @@ from pathlib import Path
 
 import torch
 
+import model.decode_attention as decode_attention
 from model.int8_matvec import Int8Matvec
 
 HERE = Path(__file__).resolve().parent
 INT8_MATVEC_SOURCE = HERE / "int8_matvec.c"
+DECODE_ATTENTION_SOURCE = HERE / "decode_attention.c"
 COMPILE_SECONDS = 120  # a build that has not finished by then is given up
 FLAG_SETS = (("-O3", "-march=native", "-fopenmp"), ("-O3", "-march=native"), ("-O3", "-fopenmp"), ("-O3",))
 
@@ -134,3 +137,37 @@ def int8_matvec_library() -> ctypes.CDLL | None:
     """int8_matvec.c built and loaded for model/int8_matvec.py, or None where it cannot be had here; at most one
     build a process."""
     return built_library(INT8_MATVEC_SOURCE, bind_int8_matvec)
+
+
+def bind_decode_attention(lib: ctypes.CDLL) -> ctypes.CDLL | None:
+    """decode_attention.c's function's signature set; lib where its probe passes, else None."""
+    decode_attention.bind(lib)
+    return lib if probe_attention(lib) else None
+
+
+def probe_attention(lib: ctypes.CDLL) -> bool:
+    """Whether the library's attention matches a float64 computation to float32's precision on a case that covers
+    its paths: two query heads on one kv head, head_dim 20 (a remainder past the 16 lanes), three keys with their
+    scores far apart, from bfloat16 and float32 caches, out in float32 and (the same, rounded once) in q's dtype;
+    and one key gives its value exactly."""
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 1, 20, generator=generator) * 3
+    k, v = (torch.randn(1, 1, 3, 20, generator=generator) for _ in range(2))
+    kernel = decode_attention.DecodeAttention(lib)
+    for dtype in (torch.float32, torch.bfloat16):
+        q_, k_, v_ = q.to(dtype), k.to(dtype), v.to(dtype)
+        weights = torch.softmax(q_.double() @ k_.double().transpose(-1, -2) / 20 ** 0.5, dim=-1)
+        wide = kernel(q_.float(), k_, v_)  # (1, 2, 1, 20) float32
+        if not torch.allclose(wide.double(), weights @ v_.double(), rtol=1e-5, atol=1e-6):
+            return False
+        if not torch.equal(kernel(q_, k_, v_), wide.to(dtype)):  # the float32 result, rounded once
+            return False
+    one = kernel(q, k[:, :, :1], v[:, :, :1])
+    return bool(torch.equal(one, v[:, :, :1].expand(1, 2, 1, 20)))
+
+
+@functools.cache
+def decode_attention_library() -> ctypes.CDLL | None:
+    """decode_attention.c built and loaded for model/decode_attention.py, or None where it cannot be had here; at
+    most one build a process."""
+    return built_library(DECODE_ATTENTION_SOURCE, bind_decode_attention)

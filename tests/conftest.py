@@ -50,6 +50,16 @@ def lib():
     return built
 
 
+@pytest.fixture(scope="session")
+def attention_lib():
+    """native/decode_attention.c built and loaded; the test skips where it cannot be (no C compiler)."""
+    from native.build import decode_attention_library
+    built = decode_attention_library()
+    if built is None:
+        pytest.skip("no C compiler here: the decode attention kernel cannot be built")
+    return built
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, data_dir):
     """A tiny run of 2 steps (latest/ and best/ at step 2) and its model, once per module; the module

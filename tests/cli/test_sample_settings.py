@@ -121,6 +121,36 @@ def test_no_kv_cache_recomputes_without_a_cache(capsys, ckpt, monkeypatch):
     assert cached == uncached  # the two paths draw the same tokens (tests/model/test_generate.py)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_decode_attention_runs_on_our_kernel_where_it_timed_faster_and_the_speed_line_says_so(
+        capsys, ckpt, monkeypatch, attention_lib, dtype):
+    """The timing (model/decode_attention.py) is asked for the generation's rows and slots, prompt and new tokens;
+    its answer decides the layers' kernel, which the speed line names; --no-kv-cache times nothing."""
+    timed, kernels = [], []
+
+    def answer(faster):
+        def seconds(kernel, dtype, batch_size, n_head, n_kv_head, head_dim, length):
+            timed.append((batch_size, length))
+            return (1e-6, 2e-6) if faster else (2e-6, 1e-6)
+        return seconds
+
+    def spy(model, *args, **kwargs):
+        kernels.append(model.blocks[0].attn.decode_kernel is not None)
+        return generate(model, *args, **kwargs)
+    monkeypatch.setattr("model.generate.generate", spy)
+    monkeypatch.setattr("model.decode_attention.decode_attention_seconds", answer(True))
+    faster_text, err = run(capsys, ckpt, "--dtype", dtype, "--num-samples", "2", "--max-new-tokens", "9")
+    assert "attention on attngpt's decode kernel" in err
+    monkeypatch.setattr("model.decode_attention.decode_attention_seconds", answer(False))
+    slower_text, err = run(capsys, ckpt, "--dtype", dtype, "--num-samples", "2", "--max-new-tokens", "9")
+    assert "decode kernel" not in err
+    _, err = run(capsys, ckpt, "--dtype", dtype, "--no-kv-cache")
+    assert "decode kernel" not in err
+    assert timed == [(2, (len(PROMPT) + 9) // 2)] * 2 and kernels == [True, False, False]
+    if dtype == "float32":  # drawn with one seed from logits within ~1e-6 of the fused kernel's: the same text
+        assert faster_text == slower_text
+
+
 def test_dtype_and_device_reach_the_model(capsys, ckpt, monkeypatch):
     seen = []
 

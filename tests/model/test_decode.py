@@ -1,6 +1,6 @@
 """The flat eager decode step (model/decode.py): the module path's logits and cache writes bit for bit, for generated
 configurations (positions, norms, MLPs, heads, dtypes, cache dtypes, batch, packed and int8 layers, head patches,
-the attention kernel setting); where it applies and where the modules run instead; copies derived from a weight
+the attention kernel setting, attention on native/decode_attention.c); where it applies and where the modules run instead; copies derived from a weight
 rebuilt once it changes; and generate taking it once per decoded token."""
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ from hypothesis import strategies as st
 import model.decode as decode_module
 from model import GPT, ModelConfig
 from model.decode import EagerDecodeStep
+from model.decode_attention import DecodeAttention
 from model.generate import generate
 from model.gpt import HEAD_COLUMNS_MAX_ROWS, HeadPatch, KVCache
 from model.packed import MATVEC, ONEDNN, onednn_packs, pack_linears
-from native.build import int8_matvec_library
+from native.build import decode_attention_library, int8_matvec_library
 from model.quantize import Int8Linear, quantize_int8
 
 
@@ -72,10 +73,10 @@ DTYPES = [(torch.float32, torch.float32), (torch.bfloat16, torch.float32), (torc
        batch=st.sampled_from([1, 2, 3, HEAD_COLUMNS_MAX_ROWS + 1]), pos=st.integers(0, 14),
        layers=st.sampled_from(["float", "packed", "matvec", "matvec rows", "int8", "int8 native", "int8-dynamic"]),
        int8_head=st.booleans(),
-       patch=st.booleans(), float32_kernel=st.booleans(), seed=st.integers(0, 2**16))
+       patch=st.booleans(), float32_kernel=st.booleans(), decode_kernel=st.booleans(), seed=st.integers(0, 2**16))
 def test_the_flat_step_gives_the_module_paths_logits_and_cache_writes(pos_kind, norm, mlp, heads, dtypes, bias, tie,
                                                                       batch, pos, layers, int8_head, patch,
-                                                                      float32_kernel, seed):
+                                                                      float32_kernel, decode_kernel, seed):
     (n_head, n_kv_head), (dtype, cache_dtype) = heads, dtypes
     model = lively(dtype, seed, pos=pos_kind, norm=norm, mlp=mlp, n_head=n_head, n_kv_head=n_kv_head,
                    d_model=8 * n_head, bias=bias, tie_embeddings=tie)
@@ -91,6 +92,9 @@ def test_the_flat_step_gives_the_module_paths_logits_and_cache_writes(pos_kind, 
         model.blocks[-1].attn.head_patch = HeadPatch(keep)
     if float32_kernel:
         model.set_attention_kernel("fused float32")
+    if decode_kernel and decode_attention_library() is not None:  # native/decode_attention.c for every layer
+        for block in model.blocks:
+            block.attn.decode_kernel = DecodeAttention(decode_attention_library())
     expected, got, after_modules, after_flat = both_steps(model, batch, pos, cache_dtype, seed)
     assert got.shape == (batch, 1, model.config.vocab_size) and got.dtype == expected.dtype
     assert torch.equal(got, expected)

@@ -1,17 +1,19 @@
 """native/build.py: a build appears in the cache in one step and is reused; where none can be had (no compiler, a
 failed build, a wrong probe product, switched off) there is no library, and a layer handed none keeps torch's
-kernels; the probe passes the real kernel and fails one that sums wrong."""
+kernels; each probe passes its real kernel and fails one that computes wrong."""
 from __future__ import annotations
 
 import os
 import subprocess
 
 import pytest
+import torch
 import torch.nn as nn
 
 import native.build as build
-from native.build import int8_matvec_library
+from model.decode_attention import DecodeAttention
 from model.int8_matvec import Int8Matvec
+from native.build import decode_attention_library, int8_matvec_library
 from model.quantize import Int8Linear
 
 
@@ -97,3 +99,40 @@ def test_a_flag_set_that_does_not_build_gives_way_to_the_next(fresh_build, monke
     monkeypatch.setattr(build, "compile_into", without_openmp)
     assert int8_matvec_library() is not None
     assert tried == list(build.FLAG_SETS[:2]) and len(os.listdir(fresh_build)) == 1
+
+
+def test_the_attention_probe_catches_a_kernel_off_by_a_rounding_or_an_offset(attention_lib, monkeypatch):
+    """The probe passes the real kernel; it fails one whose float32 result moves by 1e-4 relative (a score or a
+    weight computed in a lower precision would), and one whose bfloat16 output is not its float32 one rounded."""
+    assert build.probe_attention(attention_lib)
+    real_call = DecodeAttention.__call__
+    monkeypatch.setattr(DecodeAttention, "__call__", lambda self, q, k, v: real_call(self, q, k, v) * (1 + 1e-4))
+    assert not build.probe_attention(attention_lib)
+
+    def rounded_twice(self, q, k, v):  # bfloat16 output by way of float16: not one rounding of the float32 result
+        if q.dtype == torch.float32:
+            return real_call(self, q, k, v)
+        return real_call(self, q.float(), k, v).to(torch.float16).to(q.dtype)
+    monkeypatch.setattr(DecodeAttention, "__call__", rounded_twice)
+    assert not build.probe_attention(attention_lib)
+
+
+def test_the_attention_library_is_none_where_its_probe_fails_or_it_is_switched_off(monkeypatch, tmp_path):
+    if build.compiler() is None:
+        pytest.skip("no C compiler here")
+    monkeypatch.setenv("ATTNGPT_KERNEL_CACHE", str(tmp_path / "kernels"))
+    decode_attention_library.cache_clear()
+    try:
+        assert decode_attention_library() is not None
+        assert [name.split("-")[0] for name in os.listdir(tmp_path / "kernels")] == ["decode_attention"]
+        decode_attention_library.cache_clear()
+        monkeypatch.setattr(build, "probe_attention", lambda lib: False)
+        assert decode_attention_library() is None
+        monkeypatch.undo()
+        decode_attention_library.cache_clear()
+        monkeypatch.setenv("ATTNGPT_KERNEL_CACHE", str(tmp_path / "kernels"))
+        monkeypatch.setenv("ATTNGPT_NATIVE_KERNELS", "0")
+        assert decode_attention_library() is None
+    finally:
+        monkeypatch.undo()
+        decode_attention_library.cache_clear()

@@ -1,0 +1,104 @@
+"""Attention of one decoded query over the KV cache on a kernel of our own, native/decode_attention.c (its numbers
+and why are in its header comment): what a CPU decode step runs for each layer's attention where it timed faster
+than PyTorch's fused kernel (`use_decode_attention`, which sample.py calls). The library is built and loaded
+outside the network (native/build.py) and handed in; here are the call and the choice.
+
+Where it runs, the module path (CausalSelfAttention.forward, one query through the cache) and generate's flat
+decode step (model/decode.py) both call it, so the two agree bit for bit as they do on the fused kernel. It computes
+in float32 from bfloat16 or float32 q and cache, the output in q's dtype: a cache stays in the model's dtype
+(model/generate.py's decode_cache_dtype), half the bytes a step reads in bfloat16 against the float32 cache the
+fused kernel is faster on.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from model.gpt import fused_attention
+from model.timing import best_seconds
+
+DTYPES = (torch.float32, torch.bfloat16)  # what the C file reads and writes
+INT_MAX = 2 ** 31 - 1  # its sizes are C ints, its strides longs
+
+
+class DecodeAttention:
+    """`(q, k, v)` -> softmax(q k^T / sqrt(head_dim)) v for q (B, n_head, 1, head_dim) and k, v (B, n_kv_head, T,
+    head_dim), two views of one cache buffer with the same strides, every key seen (the written prefix): (B,
+    n_head, 1, head_dim) in q's dtype, computed in float32. `takes(q, k, v)` says where it applies."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        self.lib = lib
+        self._call = lib.attngpt_decode_attention
+
+    def __deepcopy__(self, memo: dict) -> DecodeAttention:
+        return self  # no state but the loaded library, which a copied model shares
+
+    @staticmethod
+    def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+        """Whether the kernel computes this call: CPU tensors of DTYPES, one query, head_dim contiguous, k and v of
+        one dtype, shape and strides, whole groups of query heads per kv head, sizes within a C int."""
+        return (q.device.type == "cpu" and k.device.type == "cpu" and q.dtype in DTYPES and k.dtype in DTYPES
+                and v.dtype == k.dtype and q.dim() == 4 and k.dim() == 4 and q.shape[2] == 1
+                and v.shape == k.shape and v.stride() == k.stride() and q.stride(-1) == 1 and k.stride(-1) == 1
+                and q.shape[0] == k.shape[0] and q.shape[3] == k.shape[3] and q.shape[1] % k.shape[1] == 0
+                and 0 < k.shape[2] <= INT_MAX and 0 < q.shape[0] * q.shape[1] <= INT_MAX)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        batch, n_head, _, head_dim = q.shape
+        out = torch.empty(batch, n_head, 1, head_dim, dtype=q.dtype)  # contiguous: (B, n_head, head_dim)
+        failed = self._call(torch.get_num_threads(), q.data_ptr(), q.stride(0), q.stride(1), q.dtype == torch.bfloat16,
+                            k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), k.stride(2),
+                            k.dtype == torch.bfloat16, batch, n_head, k.shape[1], head_dim, k.shape[2],
+                            head_dim ** -0.5, out.data_ptr(), q.dtype == torch.bfloat16)
+        if failed:
+            raise MemoryError("the decode attention kernel could not allocate its scratch")
+        return out
+
+
+def bind(lib: ctypes.CDLL) -> None:
+    """The C function's signature set on lib (native/build.py binds it before its probe)."""
+    lib.attngpt_decode_attention.argtypes = (
+        [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_int, ctypes.c_void_p,
+         ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_int] + [ctypes.c_int] * 5
+        + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int])
+    lib.attngpt_decode_attention.restype = ctypes.c_int
+
+
+def decode_attention_seconds(kernel: DecodeAttention, dtype: torch.dtype, batch_size: int, n_head: int,
+                             n_kv_head: int, head_dim: int, length: int) -> tuple[float, float]:
+    """(the kernel's seconds on a cache in `dtype`, the fused kernel's best: on that cache or, for a narrower
+    dtype, on a float32 one with q widened, as decode_cache_dtype would choose) for one decoded query per row over
+    `length` cached positions, timed on this CPU in interleaved rounds."""
+    generator = torch.Generator().manual_seed(0)  # its own: the caller's seeded draws stay what they would have been
+    q = torch.randn(batch_size, n_head, 1, head_dim, generator=generator).to(dtype)
+    k, v = (torch.randn(batch_size, n_kv_head, length, head_dim, generator=generator).to(dtype) for _ in range(2))
+    runs = {"kernel": lambda: kernel(q, k, v), "fused": lambda: fused_attention(q, k, v, None, causal=False)}
+    if torch.finfo(dtype).bits < 32:
+        k32, v32 = k.float(), v.float()
+        runs["fused float32"] = lambda: fused_attention(q, k32, v32, None, causal=False, float32=True)
+    best = best_seconds(runs, rounds=3, calls=3)
+    return best.pop("kernel"), min(best.values())
+
+
+def use_decode_attention(model: torch.nn.Module, lib: ctypes.CDLL | None, batch_size: int, max_len: int) -> str:
+    """Give every attention layer of a CPU model the kernel where it times faster than the fused kernel for a
+    generation of batch_size rows filling max_len cache slots (timed at half of them, the mean context), else
+    none; a line saying which and why. lib None (no kernel built here) leaves the layers on the fused kernel."""
+    attn = model.blocks[0].attn
+    dtype = model.tok_emb.weight.dtype
+    kernel = None
+    if lib is None:
+        why = "not built here (no C compiler, or ATTNGPT_NATIVE_KERNELS=0)"
+    elif model.tok_emb.weight.device.type != "cpu" or dtype not in DTYPES:
+        why = f"not for {model.tok_emb.weight.device.type} {str(dtype).removeprefix('torch.')}"
+    else:
+        candidate = DecodeAttention(lib)
+        ours, fused = decode_attention_seconds(candidate, dtype, batch_size, attn.n_head, attn.n_kv_head,
+                                               attn.head_dim, max(1, max_len // 2))
+        kernel = candidate if ours < fused else None
+        why = f"timed {ours * 1e6:.0f} us a layer against {fused * 1e6:.0f} for the fused kernel"
+    for block in model.blocks:
+        block.attn.decode_kernel = kernel
+    return f"decode attention {'on attngpt' if kernel else 'without attngpt'}'s kernel: {why}"
+

@@ -1,0 +1,173 @@
+/* Attention of one decoded query per row over a KV cache: out = softmax(q k^T * scale) v, for every row and query
+ * head at once, in float32 whatever the inputs' dtypes (bfloat16 or float32), the output rounded once to its own.
+ *
+ * Built at first use by native/build.py with this machine's compiler and called through ctypes by
+ * model/decode_attention.py, once per layer of a decode step. Why a kernel of our own: a decode step's attention
+ * is a few hundred kilobytes of cache read once, and PyTorch's CPU flash kernel spends most of its time around
+ * that (its blocks, its scratch, its dispatch): GPT-2 small's 12 heads over 160 cached bfloat16 positions took
+ * ~136 us a layer warm and ~235 us after a matmul had emptied the caches, against ~31 and ~98 us here
+ * (benchmarks/RESULTS.md). Here one call does a layer: for each (row, head) pair, on its own thread,
+ *
+ *   s_j = scale * sum_d q_d k_jd            j = 0 .. length - 1, the written prefix (no mask: all of it is seen)
+ *   p_j = exp(s_j - max_j s_j)              max subtracted first, so no exp overflows
+ *   out_d = (sum_j p_j v_jd) / sum_j p_j
+ *
+ * Every sum runs in a fixed order, the dot products and the sum of p in LANES partial sums added up at the end,
+ * and each (row, head) pair is one thread's from start to end: the result does not depend on the thread count, so
+ * the module path and the flat decode step (model/decode.py), which both call this, agree bit for bit. exp is a degree-6
+ * polynomial after a reduction by ln 2 (relative error ~1e-7 on [-87, 0]; below -87 it gives exp(-87), ~1.6e-38,
+ * next to the maximum's 1). A head with a NaN or an infinite score gives NaN everywhere, as the model's finite
+ * check then reports.
+ *
+ * Layout: q (batch, n_head, head_dim) and k, v (batch, n_kv_head, positions, head_dim), each by its strides in
+ * elements, head_dim contiguous; query head h reads kv head h / (n_head / n_kv_head) (grouped-query attention).
+ * out: (batch, n_head, head_dim) contiguous. Returns 0, 1 where a thread's scratch could not be allocated, 2 for
+ * sizes out of range. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LANES 16
+
+static inline float from_bf16(uint16_t bits) {
+    uint32_t widened = (uint32_t)bits << 16;
+    float f;
+    memcpy(&f, &widened, sizeof f);
+    return f;
+}
+
+static inline uint16_t to_bf16(float f) {  /* round to nearest even; a NaN stays a (quiet) NaN */
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((bits >> 16) | 0x40u);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+static inline float element(const void *base, long index, int bf16) {
+    return bf16 ? from_bf16(((const uint16_t *)base)[index]) : ((const float *)base)[index];
+}
+
+/* exp(x) for x <= 0 (a score less the row's maximum): x = n ln2 + r, |r| <= ln2 / 2, exp(r) by its polynomial,
+ * 2^n made in the exponent bits; x below -87 is taken as -87, so n >= -126 stays a normal float's exponent */
+static inline float exp_nonpositive(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  /* round(x / ln2), by the 1.5 * 2^23 trick */
+    float r = x - n * 0.693359375f;  /* ln2 in two parts: the first exact in a few bits, so r keeps its digits */
+    r = r + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    float two_to_n;
+    memcpy(&two_to_n, &bits, sizeof two_to_n);
+    return p * two_to_n;
+}
+
+/* q . k_j for one key row, in LANES partial sums added in order */
+static inline float dot(const float *q, const void *key, int bf16, int head_dim) {
+    float lanes[LANES] = {0};
+    int d = 0;
+    if (bf16) {
+        const uint16_t *k = key;
+        for (; d + LANES <= head_dim; d += LANES)
+            for (int i = 0; i < LANES; i++) lanes[i] += q[d + i] * from_bf16(k[d + i]);
+        for (int i = 0; d + i < head_dim; i++) lanes[i] += q[d + i] * from_bf16(k[d + i]);
+    } else {
+        const float *k = key;
+        for (; d + LANES <= head_dim; d += LANES)
+            for (int i = 0; i < LANES; i++) lanes[i] += q[d + i] * k[d + i];
+        for (int i = 0; d + i < head_dim; i++) lanes[i] += q[d + i] * k[d + i];
+    }
+    float sum = 0.0f;
+    for (int i = 0; i < LANES; i++) sum += lanes[i];
+    return sum;
+}
+
+/* one (row, head) pair: scores, weights and the weighted values; scratch holds length + 2 head_dim floats */
+static void one_head(const void *q, int q_bf16, const void *k, const void *v, int kv_bf16, long position_stride,
+                     int head_dim, int length, float scale, float *scratch, void *out, int out_bf16) {
+    float *scores = scratch, *query = scratch + length, *acc = query + head_dim;
+    for (int d = 0; d < head_dim; d++) query[d] = element(q, d, q_bf16);
+    size_t width = kv_bf16 ? sizeof(uint16_t) : sizeof(float);
+    const char *keys = k, *values = v;
+    float top = -INFINITY, nonfinite = 0.0f;  /* nonfinite: 0 unless some score is NaN or infinite (s * 0) */
+    for (int j = 0; j < length; j++) {
+        float s = scale * dot(query, keys + (size_t)j * position_stride * width, kv_bf16, head_dim);
+        scores[j] = s;
+        nonfinite += s * 0.0f;
+        top = s > top ? s : top;
+    }
+    if (nonfinite != 0.0f || !(top > -INFINITY)) {  /* NaN compares unequal to 0 */
+        for (int d = 0; d < head_dim; d++) {
+            if (out_bf16) ((uint16_t *)out)[d] = to_bf16(NAN);
+            else ((float *)out)[d] = NAN;
+        }
+        return;
+    }
+    for (int j = 0; j < length; j++) scores[j] = exp_nonpositive(scores[j] - top);
+    float lanes[LANES] = {0};
+    int j = 0;
+    for (; j + LANES <= length; j += LANES)
+        for (int i = 0; i < LANES; i++) lanes[i] += scores[j + i];
+    for (int i = 0; j + i < length; i++) lanes[i] += scores[j + i];
+    float total = 0.0f;
+    for (int i = 0; i < LANES; i++) total += lanes[i];
+    for (int d = 0; d < head_dim; d++) acc[d] = 0.0f;
+    for (j = 0; j < length; j++) {
+        float p = scores[j];
+        const void *row = values + (size_t)j * position_stride * width;
+        if (kv_bf16) {
+            const uint16_t *value = row;
+            for (int d = 0; d < head_dim; d++) acc[d] += p * from_bf16(value[d]);
+        } else {
+            const float *value = row;
+            for (int d = 0; d < head_dim; d++) acc[d] += p * value[d];
+        }
+    }
+    float inverse = 1.0f / total;  /* total >= 1: the maximum's own weight is exp(0) = 1 */
+    for (int d = 0; d < head_dim; d++) {
+        if (out_bf16) ((uint16_t *)out)[d] = to_bf16(acc[d] * inverse);
+        else ((float *)out)[d] = acc[d] * inverse;
+    }
+}
+
+int attngpt_decode_attention(int threads, const void *q, long q_batch_stride, long q_head_stride, int q_bf16,
+                             const void *k, const void *v, long kv_batch_stride, long kv_head_stride,
+                             long kv_position_stride, int kv_bf16, int batch, int n_head, int n_kv_head,
+                             int head_dim, int length, float scale, void *out, int out_bf16) {
+    if (batch < 1 || n_head < 1 || n_kv_head < 1 || n_head % n_kv_head != 0 || head_dim < 1 || length < 1)
+        return 2;
+    int group = n_head / n_kv_head, failed = 0;
+    size_t q_width = q_bf16 ? sizeof(uint16_t) : sizeof(float), kv_width = kv_bf16 ? sizeof(uint16_t) : sizeof(float);
+    size_t out_width = out_bf16 ? sizeof(uint16_t) : sizeof(float);
+    long pairs = (long)batch * n_head;
+    if (threads < 1) threads = 1;
+    if (threads > pairs) threads = (int)pairs;
+#pragma omp parallel num_threads(threads)
+    {
+        float *scratch = malloc(sizeof(float) * ((size_t)length + 2 * (size_t)head_dim));
+        if (scratch == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (long pair = 0; pair < pairs; pair++) {
+            if (scratch == NULL) continue;
+            long row = pair / n_head, head = pair % n_head, kv_head = head / group;
+            long kv_offset = row * kv_batch_stride + kv_head * kv_head_stride;
+            one_head((const char *)q + (size_t)(row * q_batch_stride + head * q_head_stride) * q_width, q_bf16,
+                     (const char *)k + (size_t)kv_offset * kv_width, (const char *)v + (size_t)kv_offset * kv_width,
+                     kv_bf16, kv_position_stride, head_dim, length, scale, scratch,
+                     (char *)out + (size_t)pair * head_dim * out_width, out_bf16);
+        }
+        free(scratch);
+    }
+    return failed;
+}
