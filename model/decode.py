@@ -12,7 +12,8 @@ step is only the arithmetic, in the order and with the kernels of the module pat
 
     x = token embedding (+ learned position)                                   (B, 1, d_model)
     per block:  q|k|v = qkv_proj(attn_norm(x)), RoPE on q and k;  k, v written into the cache slot `pos`
-                x = x + out_proj(attention of q over the cache's slots 0..pos)   (the fused kernel, no mask)
+                x = x + out_proj(attention of q over the cache's slots 0..pos)   (no mask: the fused kernel, or
+                                                                  the layer's decode_kernel where it has one)
                 x = x + mlp(mlp_norm(x))
     logits = LM head(final_norm(x))                                             (B, 1, vocab_size)
 
@@ -153,10 +154,11 @@ class LayerStep:
         self.cast_cache = self.kv.dtype != self.attn_dtype  # k, v read back in attn_dtype
         self.upcast = self.attn_dtype != dtype  # q widened, the output narrowed back
         # our kernel where the module path takes it (the same test on tensors of this step's dtypes and layout:
-        # q a view of the qkv output, k and v of the cache), reading q and the cache as they are
+        # q a view of the qkv output, k and v of the cache), bound to this cache: a step passes q and the length
         kernel, query = attn.decode_kernel, torch.empty(batch, 1, self.n_head, self.head_dim, dtype=dtype)
-        one_slot = self.k_cache.narrow(2, 0, 1), self.v_cache.narrow(2, 0, 1)
-        self.decode_kernel = kernel if kernel is not None and kernel.takes(query.transpose(1, 2), *one_slot) else None
+        query, one_slot = query.transpose(1, 2), (self.k_cache.narrow(2, 0, 1), self.v_cache.narrow(2, 0, 1))
+        takes = kernel is not None and kernel.takes(query, *one_slot)
+        self.decode_kernel = kernel.over(query, *one_slot) if takes else None
 
     def __call__(self, x: torch.Tensor, rope: torch.Tensor | None, pos: int) -> torch.Tensor:
         """x (B, 1, d_model), the residual stream at position pos -> the block's output, (B, 1, d_model)."""
@@ -179,7 +181,7 @@ class LayerStep:
         k, v = self.k_cache.narrow(2, 0, pos + 1), self.v_cache.narrow(2, 0, pos + 1)
         q = q.transpose(1, 2)
         # (B, n_head, 1, D): on our kernel as the module path calls it, else on the fused kernel
-        out = self.fused(q, k, v) if self.decode_kernel is None else self.decode_kernel(q, k, v)
+        out = self.fused(q, k, v) if self.decode_kernel is None else self.decode_kernel(q, pos + 1)
         if self.head_patch is not None:
             out = self.head_patch.apply(out)
         x = x + self.out_proj(out.reshape(B, 1, n_head * head_dim))  # (B, n_head, 1, D) holds the heads side by side

@@ -19,13 +19,19 @@ from model.gpt import fused_attention
 from model.timing import best_seconds
 
 DTYPES = (torch.float32, torch.bfloat16)  # what the C file reads and writes
-INT_MAX = 2 ** 31 - 1  # its sizes are C ints, its strides longs
+INT_MAX = 2 ** 31 - 1  # its sizes stay within a C int
+# the C function's arguments, one int64 each, in its order (its enum)
+(THREADS, Q, Q_BATCH_STRIDE, Q_HEAD_STRIDE, Q_BF16, K, V, KV_BATCH_STRIDE, KV_HEAD_STRIDE, KV_POSITION_STRIDE, KV_BF16,
+ BATCH, N_HEAD, N_KV_HEAD, HEAD_DIM, LENGTH, OUT, OUT_BF16) = range(18)
+ARGUMENTS = 18
+Arguments = ctypes.c_int64 * ARGUMENTS
 
 
 class DecodeAttention:
     """`(q, k, v)` -> softmax(q k^T / sqrt(head_dim)) v for q (B, n_head, 1, head_dim) and k, v (B, n_kv_head, T,
     head_dim), two views of one cache buffer with the same strides, every key seen (the written prefix): (B,
-    n_head, 1, head_dim) in q's dtype, computed in float32. `takes(q, k, v)` says where it applies."""
+    n_head, 1, head_dim) in q's dtype, computed in float32. `takes(q, k, v)` says where it applies; `over(q, k,
+    v)` binds one layer's cache for the steps of a generation."""
 
     def __init__(self, lib: ctypes.CDLL):
         self.lib = lib
@@ -45,23 +51,48 @@ class DecodeAttention:
                 and 0 < k.shape[2] <= INT_MAX and 0 < q.shape[0] * q.shape[1] <= INT_MAX)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self.over(q, k, v)(q, k.shape[2])
+
+    def over(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> BoundAttention:
+        """The call bound to the cache buffer k, v are views of and to q's shape and dtype: what changes from one
+        decoded token to the next (q, its strides, the length) is all a step passes."""
         batch, n_head, _, head_dim = q.shape
-        out = torch.empty(batch, n_head, 1, head_dim, dtype=q.dtype)  # contiguous: (B, n_head, head_dim)
-        failed = self._call(torch.get_num_threads(), q.data_ptr(), q.stride(0), q.stride(1), q.dtype == torch.bfloat16,
-                            k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), k.stride(2),
-                            k.dtype == torch.bfloat16, batch, n_head, k.shape[1], head_dim, k.shape[2],
-                            head_dim ** -0.5, out.data_ptr(), q.dtype == torch.bfloat16)
-        if failed:
+        arguments = Arguments()
+        arguments[THREADS] = torch.get_num_threads()
+        arguments[Q_BF16] = arguments[OUT_BF16] = q.dtype == torch.bfloat16
+        arguments[K], arguments[V] = k.data_ptr(), v.data_ptr()
+        arguments[KV_BATCH_STRIDE], arguments[KV_HEAD_STRIDE], arguments[KV_POSITION_STRIDE] = k.stride()[:3]
+        arguments[KV_BF16] = k.dtype == torch.bfloat16
+        arguments[BATCH], arguments[N_HEAD], arguments[N_KV_HEAD], arguments[HEAD_DIM] = (batch, n_head, k.shape[1],
+                                                                                           head_dim)
+        return BoundAttention(self._call, arguments, (batch, n_head, 1, head_dim), q.dtype)
+
+
+class BoundAttention:
+    """`(q, length)` -> the attention of q (B, n_head, 1, head_dim) over the first `length` positions of one
+    cache: DecodeAttention's call with everything else fixed (DecodeAttention.over)."""
+    __slots__ = ("call", "arguments", "shape", "dtype")
+
+    def __init__(self, call, arguments: ctypes.Array, shape: tuple[int, ...], dtype: torch.dtype):
+        self.call, self.arguments, self.shape, self.dtype = call, arguments, shape, dtype
+
+    def __call__(self, q: torch.Tensor, length: int) -> torch.Tensor:
+        arguments = self.arguments
+        out = torch.empty(self.shape, dtype=self.dtype)  # contiguous: (B, n_head, head_dim)
+        arguments[Q], arguments[OUT], arguments[LENGTH] = q.data_ptr(), out.data_ptr(), length
+        arguments[Q_BATCH_STRIDE], arguments[Q_HEAD_STRIDE] = q.stride(0), q.stride(1)
+        if self.call(arguments):
             raise MemoryError("the decode attention kernel could not allocate its scratch")
         return out
 
 
 def bind(lib: ctypes.CDLL) -> None:
-    """The C function's signature set on lib (native/build.py binds it before its probe)."""
-    lib.attngpt_decode_attention.argtypes = (
-        [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_int, ctypes.c_void_p,
-         ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_int] + [ctypes.c_int] * 5
-        + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int])
+    """The C function's signature set on lib (native/build.py binds it before its probe); ValueError where the
+    library's argument list is not the one written here."""
+    lib.attngpt_decode_attention_args.restype = ctypes.c_int
+    if lib.attngpt_decode_attention_args() != ARGUMENTS:
+        raise ValueError("native/decode_attention.c takes another argument list than model/decode_attention.py's")
+    lib.attngpt_decode_attention.argtypes = [ctypes.POINTER(ctypes.c_int64)]
     lib.attngpt_decode_attention.restype = ctypes.c_int
 
 

@@ -140,8 +140,12 @@ def int8_matvec_library() -> ctypes.CDLL | None:
 
 
 def bind_decode_attention(lib: ctypes.CDLL) -> ctypes.CDLL | None:
-    """decode_attention.c's function's signature set; lib where its probe passes, else None."""
-    decode_attention.bind(lib)
+    """decode_attention.c's function's signature set; lib where its argument list is model/decode_attention.py's
+    and its probe passes, else None."""
+    try:
+        decode_attention.bind(lib)
+    except (ValueError, AttributeError):  # another version of the C file, or not this kernel's library
+        return None
     return lib if probe_attention(lib) else None
 
 

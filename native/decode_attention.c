@@ -21,8 +21,8 @@
  *
  * Layout: q (batch, n_head, head_dim) and k, v (batch, n_kv_head, positions, head_dim), each by its strides in
  * elements, head_dim contiguous; query head h reads kv head h / (n_head / n_kv_head) (grouped-query attention).
- * out: (batch, n_head, head_dim) contiguous. Returns 0, 1 where a thread's scratch could not be allocated, 2 for
- * sizes out of range. */
+ * out: (batch, n_head, head_dim) contiguous; scale 1 / sqrt(head_dim). Returns 0, 1 where a thread's scratch could
+ * not be allocated, 2 for sizes out of range. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -138,18 +138,33 @@ static void one_head(const void *q, int q_bf16, const void *k, const void *v, in
     }
 }
 
-int attngpt_decode_attention(int threads, const void *q, long q_batch_stride, long q_head_stride, int q_bf16,
-                             const void *k, const void *v, long kv_batch_stride, long kv_head_stride,
-                             long kv_position_stride, int kv_bf16, int batch, int n_head, int n_kv_head,
-                             int head_dim, int length, float scale, void *out, int out_bf16) {
-    if (batch < 1 || n_head < 1 || n_kv_head < 1 || n_head % n_kv_head != 0 || head_dim < 1 || length < 1)
+/* The arguments, one int64 each (pointers as addresses), in this order: a caller that decodes many tokens over one
+ * cache keeps one array and rewrites only what changes (q, its strides, the length, the output) */
+enum { ARG_THREADS, ARG_Q, ARG_Q_BATCH_STRIDE, ARG_Q_HEAD_STRIDE, ARG_Q_BF16, ARG_K, ARG_V, ARG_KV_BATCH_STRIDE,
+       ARG_KV_HEAD_STRIDE, ARG_KV_POSITION_STRIDE, ARG_KV_BF16, ARG_BATCH, ARG_N_HEAD, ARG_N_KV_HEAD, ARG_HEAD_DIM,
+       ARG_LENGTH, ARG_OUT, ARG_OUT_BF16, ARG_COUNT };
+
+int attngpt_decode_attention_args(void) { return ARG_COUNT; }
+
+int attngpt_decode_attention(const int64_t *args) {
+    int64_t batch = args[ARG_BATCH], n_head = args[ARG_N_HEAD], n_kv_head = args[ARG_N_KV_HEAD];
+    int64_t head_dim = args[ARG_HEAD_DIM], length = args[ARG_LENGTH];
+    if (batch < 1 || n_head < 1 || n_kv_head < 1 || n_head % n_kv_head != 0 || head_dim < 1 || length < 1
+            || length > INT32_MAX || head_dim > INT32_MAX || batch * n_head > INT32_MAX)
         return 2;
-    int group = n_head / n_kv_head, failed = 0;
+    int q_bf16 = args[ARG_Q_BF16] != 0, kv_bf16 = args[ARG_KV_BF16] != 0, out_bf16 = args[ARG_OUT_BF16] != 0;
+    const char *q = (const char *)(intptr_t)args[ARG_Q], *k = (const char *)(intptr_t)args[ARG_K];
+    const char *v = (const char *)(intptr_t)args[ARG_V];
+    char *out = (char *)(intptr_t)args[ARG_OUT];
+    int64_t q_batch_stride = args[ARG_Q_BATCH_STRIDE], q_head_stride = args[ARG_Q_HEAD_STRIDE];
+    int64_t kv_batch_stride = args[ARG_KV_BATCH_STRIDE], kv_head_stride = args[ARG_KV_HEAD_STRIDE];
+    long position_stride = (long)args[ARG_KV_POSITION_STRIDE];
+    float scale = (float)(1.0 / sqrt((double)head_dim));  /* as the fused kernel's default, 1 / sqrt(head_dim) */
+    int64_t group = n_head / n_kv_head, pairs = batch * n_head;
+    int threads = args[ARG_THREADS] < 1 ? 1 : args[ARG_THREADS] > pairs ? (int)pairs : (int)args[ARG_THREADS];
     size_t q_width = q_bf16 ? sizeof(uint16_t) : sizeof(float), kv_width = kv_bf16 ? sizeof(uint16_t) : sizeof(float);
     size_t out_width = out_bf16 ? sizeof(uint16_t) : sizeof(float);
-    long pairs = (long)batch * n_head;
-    if (threads < 1) threads = 1;
-    if (threads > pairs) threads = (int)pairs;
+    int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
         float *scratch = malloc(sizeof(float) * ((size_t)length + 2 * (size_t)head_dim));
@@ -158,14 +173,13 @@ int attngpt_decode_attention(int threads, const void *q, long q_batch_stride, lo
             failed = 1;
         }
 #pragma omp for schedule(static)
-        for (long pair = 0; pair < pairs; pair++) {
+        for (int64_t pair = 0; pair < pairs; pair++) {
             if (scratch == NULL) continue;
-            long row = pair / n_head, head = pair % n_head, kv_head = head / group;
-            long kv_offset = row * kv_batch_stride + kv_head * kv_head_stride;
-            one_head((const char *)q + (size_t)(row * q_batch_stride + head * q_head_stride) * q_width, q_bf16,
-                     (const char *)k + (size_t)kv_offset * kv_width, (const char *)v + (size_t)kv_offset * kv_width,
-                     kv_bf16, kv_position_stride, head_dim, length, scale, scratch,
-                     (char *)out + (size_t)pair * head_dim * out_width, out_bf16);
+            int64_t row = pair / n_head, head = pair % n_head, kv_head = head / group;
+            int64_t kv_offset = row * kv_batch_stride + kv_head * kv_head_stride;
+            one_head(q + (size_t)(row * q_batch_stride + head * q_head_stride) * q_width, q_bf16,
+                     k + (size_t)kv_offset * kv_width, v + (size_t)kv_offset * kv_width, kv_bf16, position_stride,
+                     (int)head_dim, (int)length, scale, scratch, out + (size_t)pair * head_dim * out_width, out_bf16);
         }
         free(scratch);
     }

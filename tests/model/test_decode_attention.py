@@ -134,15 +134,19 @@ def tiny(dtype: torch.dtype) -> GPT:
 
 
 class Counting(DecodeAttention):
-    """The real kernel, its calls counted."""
+    """The real kernel, its calls counted: the module path's (through over) and a bound layer's alike."""
 
     def __init__(self, lib):
         super().__init__(lib)
         self.calls = 0
 
-    def __call__(self, q, k, v):
-        self.calls += 1
-        return super().__call__(q, k, v)
+    def over(self, q, k, v):
+        bound = super().over(q, k, v)
+
+        def counted(q, length):
+            self.calls += 1
+            return bound(q, length)
+        return counted
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -221,3 +225,19 @@ def test_the_timing_runs_the_kernel_and_the_fused_kernels(attention_lib):
     ours, fused = decode_attention.decode_attention_seconds(DecodeAttention(attention_lib), torch.bfloat16, 1, 4, 2,
                                                             16, 12)
     assert 0 < ours < 1 and 0 < fused < 1
+
+
+def test_a_bound_call_reads_the_cache_as_it_is_now_and_q_at_its_own_strides(attention_lib):
+    """over() binds a layer's cache once (the flat step's way); written on afterwards, read at a longer length, with
+    q laid out two ways, each call gives what an unbound call on the same tensors gives."""
+    generator = torch.Generator().manual_seed(5)
+    kv = torch.zeros(2, 2, 2, 12, 16, dtype=torch.bfloat16)  # (2, B, n_kv_head, slots, D), as a KVCache holds it
+    kernel = DecodeAttention(attention_lib)
+    bound = kernel.over(query_view(2, 4, 2, 16, torch.bfloat16, 1.0, generator), kv[0, :, :, :1], kv[1, :, :, :1])
+    for length in (1, 5, 12):
+        kv[:, :, :, length - 1].copy_(torch.randn(2, 2, 2, 16, generator=generator))
+        for q in (query_view(2, 4, 2, 16, torch.bfloat16, 1.0, generator),
+                  torch.randn(2, 4, 1, 16, generator=generator).to(torch.bfloat16)):
+            k, v = kv[0, :, :, :length], kv[1, :, :, :length]
+            assert torch.equal(bound(q, length), kernel(q, k, v))
+            assert torch.allclose(bound(q, length).double(), reference(q, k, v), atol=1e-2)

@@ -136,3 +136,12 @@ def test_the_attention_library_is_none_where_its_probe_fails_or_it_is_switched_o
     finally:
         monkeypatch.undo()
         decode_attention_library.cache_clear()
+
+
+def test_a_library_with_another_argument_list_is_not_used(attention_lib, monkeypatch):
+    """A C file and a model/decode_attention.py out of step (another count of arguments) give no library."""
+    import model.decode_attention as decode_attention
+    monkeypatch.setattr(decode_attention, "ARGUMENTS", decode_attention.ARGUMENTS + 1)
+    assert build.bind_decode_attention(attention_lib) is None
+    monkeypatch.undo()
+    assert build.bind_decode_attention(attention_lib) is attention_lib
