@@ -12,7 +12,8 @@
  *   p_j = exp(s_j - max_j s_j)              max subtracted first, so no exp overflows
  *   out_d = (sum_j p_j v_jd) / sum_j p_j
  *
- * Every sum runs in a fixed order, the dot products and the sum of p in LANES partial sums added up at the end,
+ * Every sum runs in a fixed order, the dot products and the sum of p in LANES partial sums added up at the end (in
+ * a row, or in a tree on the AVX512 loops a -march=native build takes where head_dim is a multiple of 16),
  * and each (row, head) pair is one thread's from start to end: the result does not depend on the thread count, so
  * the module path and the flat decode step (model/decode.py), which both call this, agree bit for bit. exp is a degree-6
  * polynomial after a reduction by ln 2 (relative error ~1e-7 on [-87, 0]; below -87 it gives exp(-87), ~1.6e-38,
@@ -27,6 +28,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define ATTNGPT_AVX512 1
+#endif
 
 #define LANES 16
 
@@ -90,6 +95,75 @@ static inline float dot(const float *q, const void *key, int bf16, int head_dim)
     return sum;
 }
 
+/* acc = sum_j p_j v_j, every key's row in turn */
+static inline void weighted_values(const float *p, const char *values, int bf16, long position_stride, int head_dim,
+                                   int length, float *acc) {
+    size_t width = bf16 ? sizeof(uint16_t) : sizeof(float);
+    for (int d = 0; d < head_dim; d++) acc[d] = 0.0f;
+    for (int j = 0; j < length; j++) {
+        const void *row = values + (size_t)j * position_stride * width;
+        if (bf16) {
+            const uint16_t *value = row;
+            for (int d = 0; d < head_dim; d++) acc[d] += p[j] * from_bf16(value[d]);
+        } else {
+            const float *value = row;
+            for (int d = 0; d < head_dim; d++) acc[d] += p[j] * value[d];
+        }
+    }
+}
+
+#ifdef ATTNGPT_AVX512
+/* 16 keys' or values' elements from k (bfloat16 or float32) as float32 */
+static inline __m512 load16(const void *k, int bf16) {
+    if (bf16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(k)), 16));
+    return _mm512_loadu_ps(k);
+}
+
+/* dot() for head_dim a multiple of 16: the same LANES partial sums, added up in a tree (_mm512_reduce_add_ps)
+ * rather than in a row */
+static inline float dot16(const float *q, const char *key, int bf16, int head_dim) {
+    size_t width = bf16 ? sizeof(uint16_t) : sizeof(float);
+    __m512 lanes = _mm512_setzero_ps();
+    for (int d = 0; d < head_dim; d += LANES)
+        lanes = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), load16(key + (size_t)d * width, bf16), lanes);
+    return _mm512_reduce_add_ps(lanes);
+}
+
+/* acc = sum_j p_j v_j for head_dim a multiple of 16, 16 elements at a time over every j (the sums of the portable
+ * loop, in the same order: one fused multiply-add a key) */
+static inline void weighted_values16(const float *p, const char *values, int bf16, long position_stride,
+                                     int head_dim, int length, float *acc) {
+    size_t width = bf16 ? sizeof(uint16_t) : sizeof(float), row = (size_t)position_stride * width;
+    for (int d = 0; d < head_dim; d += LANES) {
+        __m512 sum = _mm512_setzero_ps();
+        const char *value = values + (size_t)d * width;
+        for (int j = 0; j < length; j++, value += row)
+            sum = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), load16(value, bf16), sum);
+        _mm512_storeu_ps(acc + d, sum);
+    }
+}
+#endif
+
+/* q . k_j and sum_j p_j v_j on the AVX512 loops where the build has them and head_dim is a multiple of 16 */
+static inline float key_dot(const float *q, const char *key, int bf16, int head_dim) {
+#ifdef ATTNGPT_AVX512
+    if (head_dim % LANES == 0) return dot16(q, key, bf16, head_dim);
+#endif
+    return dot(q, key, bf16, head_dim);
+}
+
+static inline void values_weighted(const float *p, const char *values, int bf16, long position_stride, int head_dim,
+                                   int length, float *acc) {
+#ifdef ATTNGPT_AVX512
+    if (head_dim % LANES == 0) {
+        weighted_values16(p, values, bf16, position_stride, head_dim, length, acc);
+        return;
+    }
+#endif
+    weighted_values(p, values, bf16, position_stride, head_dim, length, acc);
+}
+
 /* one (row, head) pair: scores, weights and the weighted values; scratch holds length + 2 head_dim floats */
 static void one_head(const void *q, int q_bf16, const void *k, const void *v, int kv_bf16, long position_stride,
                      int head_dim, int length, float scale, float *scratch, void *out, int out_bf16) {
@@ -99,7 +173,7 @@ static void one_head(const void *q, int q_bf16, const void *k, const void *v, in
     const char *keys = k, *values = v;
     float top = -INFINITY, nonfinite = 0.0f;  /* nonfinite: 0 unless some score is NaN or infinite (s * 0) */
     for (int j = 0; j < length; j++) {
-        float s = scale * dot(query, keys + (size_t)j * position_stride * width, kv_bf16, head_dim);
+        float s = scale * key_dot(query, keys + (size_t)j * position_stride * width, kv_bf16, head_dim);
         scores[j] = s;
         nonfinite += s * 0.0f;
         top = s > top ? s : top;
@@ -119,18 +193,7 @@ static void one_head(const void *q, int q_bf16, const void *k, const void *v, in
     for (int i = 0; j + i < length; i++) lanes[i] += scores[j + i];
     float total = 0.0f;
     for (int i = 0; i < LANES; i++) total += lanes[i];
-    for (int d = 0; d < head_dim; d++) acc[d] = 0.0f;
-    for (j = 0; j < length; j++) {
-        float p = scores[j];
-        const void *row = values + (size_t)j * position_stride * width;
-        if (kv_bf16) {
-            const uint16_t *value = row;
-            for (int d = 0; d < head_dim; d++) acc[d] += p * from_bf16(value[d]);
-        } else {
-            const float *value = row;
-            for (int d = 0; d < head_dim; d++) acc[d] += p * value[d];
-        }
-    }
+    values_weighted(scores, values, kv_bf16, position_stride, head_dim, length, acc);
     float inverse = 1.0f / total;  /* total >= 1: the maximum's own weight is exp(0) = 1 */
     for (int d = 0; d < head_dim; d++) {
         if (out_bf16) ((uint16_t *)out)[d] = to_bf16(acc[d] * inverse);
@@ -165,6 +228,7 @@ int attngpt_decode_attention(const int64_t *args) {
     size_t q_width = q_bf16 ? sizeof(uint16_t) : sizeof(float), kv_width = kv_bf16 ? sizeof(uint16_t) : sizeof(float);
     size_t out_width = out_bf16 ? sizeof(uint16_t) : sizeof(float);
     int failed = 0;
+    (void)threads;  /* a build without OpenMP runs on one */
 #pragma omp parallel num_threads(threads)
     {
         float *scratch = malloc(sizeof(float) * ((size_t)length + 2 * (size_t)head_dim));
