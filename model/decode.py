@@ -29,8 +29,8 @@ weight changed in place (by an on_token callback that trains) is read as it is a
 path. Copies derived from a weight, a prepared one (model/packed.py: oneDNN-packed, or for ATen's matrix-vector
 kernel with the bias as a column) and the LM head's column-major one (GPT.head_columns), are checked against the
 versions of what they were made from at every step, one comparison each, and the step is built again where one is
-stale. A layer, a head patch or a hook swapped in during a generation is seen at the
-next generate call.
+stale. A layer, a head patch, a hook or a weight's tensor (`.data =`, `.to()`) swapped in during a generation is
+seen at the next generate call.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ from torch.nn.modules import module as module_globals
 
 from model.gpt import (GPT, HEAD_COLUMNS_MAX_ROWS, SDPA_HAS_GQA, CausalSelfAttention, GeluMLP, LayerNorm, RMSNorm,
                        SwiGLU, _all_finite, apply_rope, check_slot, repeat_kv)
-from model.packed import MATVEC, PackedLinear, weight_key
+from model.packed import MATVEC, PackedLinear
 from model.quantize import Int8Linear
 
 Kernel = Callable[[torch.Tensor], torch.Tensor]
@@ -69,28 +69,28 @@ def onednn_pointwise() -> Callable:
     return getattr(pointwise, "_op", pointwise)
 
 
-def linear_kernel(linear: nn.Module, dtype: torch.dtype, batch: int, derived: list[tuple[torch.Tensor, tuple]]
+def linear_kernel(linear: nn.Module, dtype: torch.dtype, batch: int, derived: list[torch.Tensor]
                   ) -> Kernel:
     """x (batch, 1, in) -> linear(x) as the layer itself computes it for an input of `dtype` without grad on a CPU:
-    a PackedLinear on its prepared copy (its weight, and for matvec its bias, appended to `derived` with their keys,
-    checked at every step; matvec at a batch above 1 on its oneDNN-packed rows copy where it has one) or, where
-    its kernel does not apply (a dtype oneDNN does not pack here; matvec at a batch above 1 without a rows copy),
-    F.linear, as PackedLinear.forward chooses; an nn.Linear by F.linear; an
+    a PackedLinear on its prepared copy (its weight, and for matvec its bias, appended to `derived`, their
+    versions checked at every step; matvec at a batch above 1 on its oneDNN-packed rows copy where it has one)
+    or, where its kernel does not apply (a dtype oneDNN does not pack here; matvec at a batch above 1 without a
+    rows copy), F.linear, as PackedLinear.forward chooses; an nn.Linear by F.linear; an
     Int8Linear (model/quantize.py) by its one-row kernel at batch 1, else by its forward; any other layer by its
     own forward."""
     if isinstance(linear, PackedLinear):
         weight, bias = linear.weight, linear.bias
         if weight.dtype == dtype and linear.rows_kernel_runs(dtype, batch):  # a matvec layer's rows copy
             rows, pointwise = linear.rows_weight(), onednn_pointwise()
-            derived.append((weight, weight_key(weight)))
+            derived.append(weight)
             return lambda x: pointwise(x, rows, bias, "none", [], "")
         if weight.dtype != dtype or not linear.kernel_runs(dtype, batch):
             return functools.partial(F.linear, weight=weight, bias=bias)
         packed = linear.packed_weight()  # made again here if the weight changed since
-        derived.append((weight, weight_key(weight)))
+        derived.append(weight)
         if linear.kernel == MATVEC:
             if bias is not None:  # the matvec copy holds the bias too
-                derived.append((bias, weight_key(bias)))
+                derived.append(bias)
             return linear.matvec
         pointwise = onednn_pointwise()
         return lambda x: pointwise(x, packed, bias, "none", [], "")
@@ -101,7 +101,7 @@ def linear_kernel(linear: nn.Module, dtype: torch.dtype, batch: int, derived: li
     return linear.forward
 
 
-def mlp_kernel(mlp: nn.Module, dtype: torch.dtype, batch: int, derived: list[tuple[torch.Tensor, tuple]]) -> Kernel:
+def mlp_kernel(mlp: nn.Module, dtype: torch.dtype, batch: int, derived: list[torch.Tensor]) -> Kernel:
     """x (batch, 1, d_model) -> mlp(x) in eval mode (no dropout), its two matmuls as linear_kernel runs them; any
     other MLP module as itself."""
     if isinstance(mlp, (GeluMLP, SwiGLU)):
@@ -117,13 +117,13 @@ def mlp_kernel(mlp: nn.Module, dtype: torch.dtype, batch: int, derived: list[tup
     return mlp
 
 
-def head_kernel(model: GPT, batch: int, derived: list[tuple[torch.Tensor, tuple]]) -> Kernel:
+def head_kernel(model: GPT, batch: int, derived: list[torch.Tensor]) -> Kernel:
     """final hidden states (batch, 1, d_model) -> logits as GPT.logits computes them on a CPU without grad: up to
-    HEAD_COLUMNS_MAX_ROWS rows of an nn.Linear head by its column-major copy (its weight and the copy's key appended
-    to `derived`), any other head as linear_kernel runs it."""
+    HEAD_COLUMNS_MAX_ROWS rows of an nn.Linear head by its column-major copy (its weight appended to
+    `derived`), any other head as linear_kernel runs it."""
     dtype = model.tok_emb.weight.dtype
     if isinstance(model.lm_head, nn.Linear) and batch <= HEAD_COLUMNS_MAX_ROWS:
-        derived.append((model.lm_head.weight, weight_key(model.lm_head.weight)))
+        derived.append(model.lm_head.weight)
         return functools.partial(torch.matmul, other=model.head_columns())
     return linear_kernel(model.lm_head, dtype, batch, derived)
 
@@ -131,9 +131,10 @@ def head_kernel(model: GPT, batch: int, derived: list[tuple[torch.Tensor, tuple]
 class LayerStep:
     """One block's part of a decode step: its tensors and kernels, looked up once (EagerDecodeStep)."""
     __slots__ = ("attn_norm", "qkv_proj", "out_proj", "mlp_norm", "mlp", "kv", "k_cache", "v_cache", "head_patch",
-                 "dtype", "attn_dtype", "cast_cache", "upcast", "n_head", "n_kv_head", "head_dim", "n_rep", "decode_kernel")
+                 "dtype", "attn_dtype", "cast_cache", "upcast", "n_head", "n_kv_head", "head_dim", "n_rep",
+                 "decode_kernel")
 
-    def __init__(self, block: nn.Module, dtype: torch.dtype, derived: list[tuple[torch.Tensor, tuple]]):
+    def __init__(self, block: nn.Module, dtype: torch.dtype, derived: list[torch.Tensor]):
         attn: CausalSelfAttention = block.attn
         self.kv = attn.kv_cache.kv  # (2, B, n_kv_head, max_len, D): keys, then values
         batch = self.kv.shape[1]
@@ -234,22 +235,24 @@ class EagerDecodeStep:
         """Look every tensor and kernel up from the model as it is now."""
         model = self.model
         dtype = model.tok_emb.weight.dtype
-        derived: list[tuple[torch.Tensor, tuple]] = []  # (weight, the key its packed or transposed copy has)
+        derived: list[torch.Tensor] = []  # the weights a packed or transposed copy was made from
         self.layers = [LayerStep(block, dtype, derived) for block in model.blocks]
         self.tok_emb, self.pos_emb = model.tok_emb.weight, None if model.pos_emb is None else model.pos_emb.weight
         self.rope_freqs = model.rope_freqs if model.config.pos == "rope" else None  # (block_size, D/2, 2)
         self.final_norm = norm_kernel(model.final_norm)
         cache = self.layers[0].kv  # (2, B, n_kv_head, max_len, D)
         self.head = head_kernel(model, cache.shape[1], derived)
-        self.derived_weights = [weight for weight, _ in derived]
-        self.derived_keys = [key for _, key in derived]
+        self.derived_weights = derived
+        self.derived_versions = [weight._version for weight in derived]  # what an in-place change moves
         self.slots = cache.shape[3]  # the cache's positions
 
     def current(self) -> bool:
-        """Whether every packed or transposed copy still matches its weight: the keys compared as one list (a
-        generator's step per weight cost ~20 us more a token, 49 weights read after the LM head has emptied the
-        caches)."""
-        return [weight_key(weight) for weight in self.derived_weights] == self.derived_keys
+        """Whether every packed or transposed copy still matches its weight, as far as an in-place change goes: the
+        weights' versions compared as one list. Their whole keys (storage, version, dtype: weight_key) cost ~150
+        against ~47 us a step of GPT-2 small, read after the LM head has emptied the caches; a tensor swapped in
+        (`.data =`, `.to()`) keeps its version and is seen at the next generate call, as a swapped layer is
+        (module doc)."""
+        return [weight._version for weight in self.derived_weights] == self.derived_versions
 
     def __call__(self, token: torch.Tensor, pos: int) -> torch.Tensor:
         check_slot(pos, self.slots)

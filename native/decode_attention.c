@@ -12,13 +12,13 @@
  *   p_j = exp(s_j - max_j s_j)              max subtracted first, so no exp overflows
  *   out_d = (sum_j p_j v_jd) / sum_j p_j
  *
- * Every sum runs in a fixed order, the dot products and the sum of p in LANES partial sums added up at the end (in
- * a row, or in a tree on the AVX512 loops a -march=native build takes where head_dim is a multiple of 16),
- * and each (row, head) pair is one thread's from start to end: the result does not depend on the thread count, so
- * the module path and the flat decode step (model/decode.py), which both call this, agree bit for bit. exp is a degree-6
- * polynomial after a reduction by ln 2 (relative error ~1e-7 on [-87, 0]; below -87 it gives exp(-87), ~1.6e-38,
- * next to the maximum's 1). A head with a NaN or an infinite score gives NaN everywhere, as the model's finite
- * check then reports.
+ * Every sum runs in a fixed order, the dot products and the sum of p in LANES partial sums added up at the end
+ * (in a row, or in a tree on the AVX512 loops a -march=native build takes where head_dim is a multiple of 16), and
+ * each (row, head) pair is one thread's from start to end: the result does not depend on the thread count, so the
+ * module path and the flat decode step (model/decode.py), which both call this, agree bit for bit. exp is a
+ * degree-6 polynomial after a reduction by ln 2 (relative error ~1e-7 on [-87, 0]; below -87 it gives exp(-87),
+ * ~1.6e-38, next to the maximum's 1). A head with a NaN or an infinite score gives NaN everywhere, as the model's
+ * finite check then reports.
  *
  * Layout: q (batch, n_head, head_dim) and k, v (batch, n_kv_head, positions, head_dim), each by its strides in
  * elements, head_dim contiguous; query head h reads kv head h / (n_head / n_kv_head) (grouped-query attention).
