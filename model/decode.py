@@ -132,7 +132,7 @@ class LayerStep:
     """One block's part of a decode step: its tensors and kernels, looked up once (EagerDecodeStep)."""
     __slots__ = ("attn_norm", "qkv_proj", "out_proj", "mlp_norm", "mlp", "kv", "k_cache", "v_cache", "head_patch",
                  "dtype", "attn_dtype", "cast_cache", "upcast", "n_head", "n_kv_head", "head_dim", "n_rep",
-                 "decode_kernel")
+                 "decode_kernel", "itemsize")
 
     def __init__(self, block: nn.Module, dtype: torch.dtype, derived: list[torch.Tensor]):
         attn: CausalSelfAttention = block.attn
@@ -160,15 +160,25 @@ class LayerStep:
         query, one_slot = query.transpose(1, 2), (self.k_cache.narrow(2, 0, 1), self.v_cache.narrow(2, 0, 1))
         takes = kernel is not None and kernel.takes(query, *one_slot)
         self.decode_kernel = kernel.over(query, *one_slot) if takes else None
+        self.itemsize = dtype.itemsize  # of the projection's output, where the new rows are read
 
     def __call__(self, x: torch.Tensor, rope: torch.Tensor | None, pos: int) -> torch.Tensor:
         """x (B, 1, d_model), the residual stream at position pos -> the block's output, (B, 1, d_model)."""
         B = x.shape[0]
-        n_head, n_kv_head, head_dim = self.n_head, self.n_kv_head, self.head_dim
+        qkv = self.qkv_proj(self.attn_norm(x)).view(B, 1, -1, self.head_dim)  # (B, 1, heads of q|k|v, D)
+        # (B, n_head, 1, D): the new k, v into slot pos, then q's attention over slots 0..pos
+        out = (self.copied_and_attended if self.decode_kernel is None else self.written_and_attended)(qkv, rope, pos)
+        if self.head_patch is not None:
+            out = self.head_patch.apply(out)
+        x = x + self.out_proj(out.reshape(B, 1, self.n_head * self.head_dim))  # the heads side by side
+        return x + self.mlp(self.mlp_norm(x))
+
+    def copied_and_attended(self, qkv: torch.Tensor, rope: torch.Tensor | None, pos: int) -> torch.Tensor:
+        """qkv (B, 1, heads of q|k|v, D) -> (B, n_head, 1, D): the new k, v copied into slot pos, converted to the
+        cache's dtype as they are copied, and the fused kernel over slots 0..pos. Views by narrow and select rather
+        than indexing, whose parsing costs more than the view here."""
+        B, n_head, n_kv_head, head_dim = qkv.shape[0], self.n_head, self.n_kv_head, self.head_dim
         n_qk = n_head + n_kv_head
-        qkv = self.qkv_proj(self.attn_norm(x)).view(B, 1, n_qk + n_kv_head, head_dim)  # (B, 1, heads of q|k|v, D)
-        # the new k, v rows into slot pos, converted to the cache's dtype as they are copied; views by narrow and
-        # select rather than indexing, whose parsing costs more than the view here
         if rope is None:  # k and v side by side in qkv: both in one copy, (B, 2, n_kv_head, D) -> (2, B, ...)
             kv_new = qkv.narrow(2, n_head, 2 * n_kv_head).view(B, 2, n_kv_head, head_dim).transpose(0, 1)
             self.kv.select(3, pos).copy_(kv_new)
@@ -178,15 +188,22 @@ class LayerStep:
             self.k_cache.select(2, pos).copy_(qk.select(1, 0).narrow(1, n_head, n_kv_head))
             self.v_cache.select(2, pos).copy_(qkv.select(1, 0).narrow(1, n_qk, n_kv_head))
             q = qk.narrow(2, 0, n_head)
-        # the written prefix, all of it seen, (B, n_kv_head, pos + 1, D); q (B, n_head, 1, D), in attn_dtype
+        # the written prefix, all of it seen, (B, n_kv_head, pos + 1, D); q (B, n_head, 1, D)
         k, v = self.k_cache.narrow(2, 0, pos + 1), self.v_cache.narrow(2, 0, pos + 1)
-        q = q.transpose(1, 2)
-        # (B, n_head, 1, D): on our kernel as the module path calls it, else on the fused kernel
-        out = self.fused(q, k, v) if self.decode_kernel is None else self.decode_kernel(q, pos + 1)
-        if self.head_patch is not None:
-            out = self.head_patch.apply(out)
-        x = x + self.out_proj(out.reshape(B, 1, n_head * head_dim))  # (B, n_head, 1, D) holds the heads side by side
-        return x + self.mlp(self.mlp_norm(x))
+        return self.fused(q.transpose(1, 2), k, v)
+
+    def written_and_attended(self, qkv: torch.Tensor, rope: torch.Tensor | None, pos: int) -> torch.Tensor:
+        """qkv (B, 1, heads of q|k|v, D) -> (B, n_head, 1, D): the new k, v into slot pos and q's attention over
+        slots 0..pos in one call of our kernel (model/decode_attention.py), given where the rows lie instead of
+        views of them: the cache gets the numbers copied_and_attended's copies write, and the attention is the
+        module path's call."""
+        n_head, head_dim, n_qk = self.n_head, self.head_dim, self.n_head + self.n_kv_head
+        # q and k from qkv, or with RoPE from the rotated copy of both (contiguous, (B, 1, n_qk, D)); v from qkv;
+        # in either, heads are D apart (a view of the projection's output)
+        qk = qkv if rope is None else apply_rope(qkv.narrow(2, 0, n_qk), rope)
+        return self.decode_kernel.write_and_attend(
+            qk.narrow(2, 0, n_head).transpose(1, 2), pos + 1, qk.data_ptr() + n_head * head_dim * self.itemsize,
+            qk.stride(0), qkv.data_ptr() + n_qk * head_dim * self.itemsize, qkv.stride(0))
 
     def fused(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q (B, n_head, 1, D) over k, v (B, n_kv_head, T, D), every key seen -> (B, n_head, 1, D) in the model's

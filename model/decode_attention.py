@@ -22,8 +22,9 @@ DTYPES = (torch.float32, torch.bfloat16)  # what the C file reads and writes
 INT_MAX = 2 ** 31 - 1  # its sizes stay within a C int
 # the C function's arguments, one int64 each, in its order (its enum)
 (THREADS, Q, Q_BATCH_STRIDE, Q_HEAD_STRIDE, Q_BF16, K, V, KV_BATCH_STRIDE, KV_HEAD_STRIDE, KV_POSITION_STRIDE, KV_BF16,
- BATCH, N_HEAD, N_KV_HEAD, HEAD_DIM, LENGTH, OUT, OUT_BF16) = range(18)
-ARGUMENTS = 18
+ BATCH, N_HEAD, N_KV_HEAD, HEAD_DIM, LENGTH, OUT, OUT_BF16, K_NEW, K_NEW_BATCH_STRIDE, V_NEW, V_NEW_BATCH_STRIDE,
+ NEW_HEAD_STRIDE, NEW_BF16) = range(24)
+ARGUMENTS = 24
 Arguments = ctypes.c_int64 * ARGUMENTS
 
 
@@ -65,6 +66,8 @@ class DecodeAttention:
         arguments[KV_BF16] = k.dtype == torch.bfloat16
         arguments[BATCH], arguments[N_HEAD], arguments[N_KV_HEAD], arguments[HEAD_DIM] = (batch, n_head, k.shape[1],
                                                                                            head_dim)
+        # a new row, where write_and_attend passes one: heads head_dim apart, in q's dtype (the projection's)
+        arguments[NEW_HEAD_STRIDE], arguments[NEW_BF16] = head_dim, q.dtype == torch.bfloat16
         return BoundAttention(self._call, arguments, (batch, n_head, 1, head_dim), q.dtype)
 
 
@@ -84,6 +87,20 @@ class BoundAttention:
         if self.call(arguments):
             raise MemoryError("the decode attention kernel could not allocate its scratch")
         return out
+
+    def write_and_attend(self, q: torch.Tensor, length: int, k_new: int, k_new_batch_stride: int, v_new: int,
+                         v_new_batch_stride: int) -> torch.Tensor:
+        """The same, after writing the step's new keys and values into slot length - 1, in the same call: k_new and
+        v_new the addresses of row 0's first kv head (B, n_kv_head, head_dim), heads head_dim apart and rows
+        their batch strides apart (elements), in q's dtype; what copy_ into the slot would write, converted to
+        the cache's dtype (widened exactly, or rounded to nearest even)."""
+        arguments = self.arguments
+        arguments[K_NEW], arguments[K_NEW_BATCH_STRIDE] = k_new, k_new_batch_stride
+        arguments[V_NEW], arguments[V_NEW_BATCH_STRIDE] = v_new, v_new_batch_stride
+        try:
+            return self(q, length)
+        finally:
+            arguments[K_NEW] = arguments[V_NEW] = 0  # a later plain call writes nothing
 
 
 def bind(lib: ctypes.CDLL) -> None:

@@ -42,11 +42,11 @@ static inline float from_bf16(uint16_t bits) {
     return f;
 }
 
-static inline uint16_t to_bf16(float f) {  /* round to nearest even; a NaN stays a (quiet) NaN */
+static inline uint16_t to_bf16(float f) {  /* round to nearest even; a NaN becomes the quiet NaN 0x7fc0 */
     uint32_t bits;
     memcpy(&bits, &f, sizeof bits);
     if ((bits & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((bits >> 16) | 0x40u);
+        return 0x7fc0u;
     bits += 0x7fffu + ((bits >> 16) & 1u);
     return (uint16_t)(bits >> 16);
 }
@@ -201,11 +201,26 @@ static void one_head(const void *q, int q_bf16, const void *k, const void *v, in
     }
 }
 
+/* One (row, kv head)'s new key or value, head_dim elements of src (bfloat16 or float32), into its cache slot */
+static void write_slot(char *dst, int kv_bf16, const char *src, int src_bf16, int head_dim) {
+    if (kv_bf16 == src_bf16) {
+        memcpy(dst, src, (size_t)head_dim * (kv_bf16 ? sizeof(uint16_t) : sizeof(float)));
+    } else if (kv_bf16) {  /* a float32 model's key into a bfloat16 cache: rounded once */
+        for (int d = 0; d < head_dim; d++) ((uint16_t *)dst)[d] = to_bf16(((const float *)src)[d]);
+    } else {  /* widened exactly */
+        for (int d = 0; d < head_dim; d++) ((float *)dst)[d] = from_bf16(((const uint16_t *)src)[d]);
+    }
+}
+
 /* The arguments, one int64 each (pointers as addresses), in this order: a caller that decodes many tokens over one
- * cache keeps one array and rewrites only what changes (q, its strides, the length, the output) */
+ * cache keeps one array and rewrites only what changes (q, its strides, the length, the output, the new row).
+ * K_NEW and V_NEW, where not 0: the step's new keys and values, (batch, n_kv_head, head_dim) by their strides in
+ * elements (NEW_HEAD_STRIDE shared, head_dim contiguous), written into slot length - 1 first, converted to the
+ * cache's dtype, so that one call does a layer's cache write and its attention. */
 enum { ARG_THREADS, ARG_Q, ARG_Q_BATCH_STRIDE, ARG_Q_HEAD_STRIDE, ARG_Q_BF16, ARG_K, ARG_V, ARG_KV_BATCH_STRIDE,
        ARG_KV_HEAD_STRIDE, ARG_KV_POSITION_STRIDE, ARG_KV_BF16, ARG_BATCH, ARG_N_HEAD, ARG_N_KV_HEAD, ARG_HEAD_DIM,
-       ARG_LENGTH, ARG_OUT, ARG_OUT_BF16, ARG_COUNT };
+       ARG_LENGTH, ARG_OUT, ARG_OUT_BF16, ARG_K_NEW, ARG_K_NEW_BATCH_STRIDE, ARG_V_NEW, ARG_V_NEW_BATCH_STRIDE,
+       ARG_NEW_HEAD_STRIDE, ARG_NEW_BF16, ARG_COUNT };
 
 int attngpt_decode_attention_args(void) { return ARG_COUNT; }
 
@@ -216,9 +231,12 @@ int attngpt_decode_attention(const int64_t *args) {
             || length > INT32_MAX || head_dim > INT32_MAX || batch * n_head > INT32_MAX)
         return 2;
     int q_bf16 = args[ARG_Q_BF16] != 0, kv_bf16 = args[ARG_KV_BF16] != 0, out_bf16 = args[ARG_OUT_BF16] != 0;
-    const char *q = (const char *)(intptr_t)args[ARG_Q], *k = (const char *)(intptr_t)args[ARG_K];
-    const char *v = (const char *)(intptr_t)args[ARG_V];
+    const char *q = (const char *)(intptr_t)args[ARG_Q];
+    char *k = (char *)(intptr_t)args[ARG_K], *v = (char *)(intptr_t)args[ARG_V];
     char *out = (char *)(intptr_t)args[ARG_OUT];
+    const char *k_new = (const char *)(intptr_t)args[ARG_K_NEW], *v_new = (const char *)(intptr_t)args[ARG_V_NEW];
+    int new_bf16 = args[ARG_NEW_BF16] != 0;
+    size_t new_width = new_bf16 ? sizeof(uint16_t) : sizeof(float);
     int64_t q_batch_stride = args[ARG_Q_BATCH_STRIDE], q_head_stride = args[ARG_Q_HEAD_STRIDE];
     int64_t kv_batch_stride = args[ARG_KV_BATCH_STRIDE], kv_head_stride = args[ARG_KV_HEAD_STRIDE];
     long position_stride = (long)args[ARG_KV_POSITION_STRIDE];
@@ -235,6 +253,19 @@ int attngpt_decode_attention(const int64_t *args) {
         if (scratch == NULL) {
 #pragma omp atomic write
             failed = 1;
+        }
+        if (k_new != NULL && v_new != NULL) {  /* the new row first; the loop's end waits for every thread */
+#pragma omp for schedule(static)
+            for (int64_t pair = 0; pair < batch * n_kv_head; pair++) {
+                int64_t row = pair / n_kv_head, kv_head = pair % n_kv_head;
+                size_t slot = (size_t)(row * kv_batch_stride + kv_head * kv_head_stride
+                                       + (length - 1) * position_stride) * kv_width;
+                size_t from = (size_t)(kv_head * args[ARG_NEW_HEAD_STRIDE]) * new_width;
+                write_slot(k + slot, kv_bf16, k_new + (size_t)(row * args[ARG_K_NEW_BATCH_STRIDE]) * new_width + from,
+                           new_bf16, (int)head_dim);
+                write_slot(v + slot, kv_bf16, v_new + (size_t)(row * args[ARG_V_NEW_BATCH_STRIDE]) * new_width + from,
+                           new_bf16, (int)head_dim);
+            }
         }
 #pragma omp for schedule(static)
         for (int64_t pair = 0; pair < pairs; pair++) {

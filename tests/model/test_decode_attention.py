@@ -141,12 +141,22 @@ class Counting(DecodeAttention):
         self.calls = 0
 
     def over(self, q, k, v):
-        bound = super().over(q, k, v)
+        return CountedBound(super().over(q, k, v), self)
 
-        def counted(q, length):
-            self.calls += 1
-            return bound(q, length)
-        return counted
+
+class CountedBound:
+    """A bound call whose calls, plain or writing the new row, count on `counting`."""
+
+    def __init__(self, bound, counting: Counting):
+        self.bound, self.counting = bound, counting
+
+    def __call__(self, q, length):
+        self.counting.calls += 1
+        return self.bound(q, length)
+
+    def write_and_attend(self, q, length, *new_rows):
+        self.counting.calls += 1
+        return self.bound.write_and_attend(q, length, *new_rows)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -241,3 +251,35 @@ def test_a_bound_call_reads_the_cache_as_it_is_now_and_q_at_its_own_strides(atte
             k, v = kv[0, :, :, :length], kv[1, :, :, :length]
             assert torch.equal(bound(q, length), kernel(q, k, v))
             assert torch.allclose(bound(q, length).double(), reference(q, k, v), atol=1e-2)
+
+
+@pytest.mark.parametrize("model_dtype, cache_dtype", [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
+                                                      (torch.float32, torch.bfloat16), (torch.float32, torch.float32)])
+def test_write_and_attend_writes_the_slot_as_copy_would_then_attends(attention_lib, model_dtype, cache_dtype):
+    """Rows of a (B, 1, heads of q|k|v, D) projection: the slot gets what copy_ writes (widened exactly, or rounded
+    to nearest even, a NaN a NaN), the other slots nothing, and the attention is a plain call's
+    over the written cache; a plain call afterwards writes nothing."""
+    generator = torch.Generator().manual_seed(6)
+    batch, n_head, n_kv_head, head_dim, pos = 2, 4, 2, 16, 3
+    qkv = torch.randn(batch, 1, n_head + 2 * n_kv_head, head_dim, generator=generator).to(model_dtype)
+    qkv[1, 0, n_head, 5] = float("nan")  # row 1's first new key: NaN, a cache write like any other
+    kv = torch.randn(2, batch, n_kv_head, 8, head_dim, generator=generator).to(cache_dtype)
+    expected_cache = kv.clone()
+    expected_cache[0, :, :, pos].copy_(qkv[:, 0, n_head:n_head + n_kv_head])
+    expected_cache[1, :, :, pos].copy_(qkv[:, 0, n_head + n_kv_head:])
+    kernel = DecodeAttention(attention_lib)
+    q = qkv.narrow(2, 0, n_head).transpose(1, 2)
+    bound = kernel.over(q, kv[0, :, :, :1], kv[1, :, :, :1])
+    size = qkv.element_size()
+    out = bound.write_and_attend(q, pos + 1, qkv.data_ptr() + n_head * head_dim * size, qkv.stride(0),
+                                 qkv.data_ptr() + (n_head + n_kv_head) * head_dim * size, qkv.stride(0))
+    # bit for bit, and NaN where copy_ writes one (whose bits torch's own conversions do not agree on)
+    bits = torch.int16 if cache_dtype == torch.bfloat16 else torch.int32
+    assert torch.equal(kv.isnan(), expected_cache.isnan()) and int(kv.isnan().sum()) == 1
+    assert torch.equal(kv.nan_to_num(0.0).view(bits), expected_cache.nan_to_num(0.0).view(bits))
+    k, v = kv[0, :, :, :pos + 1], kv[1, :, :, :pos + 1]
+    assert torch.equal(out[0], kernel(q, k, v)[0])  # row 0 (row 1's kv head 0 reads the NaN: NaN there)
+    assert bool(out[1, :2].isnan().all()) and bool(out[1, 2:].isfinite().all())
+    written = kv.clone()
+    bound(q, pos + 1)
+    assert torch.equal(kv.view(bits), written.view(bits))
