@@ -4,7 +4,9 @@ than PyTorch's fused kernel (`use_decode_attention`, which sample.py calls). The
 outside the network (native/build.py) and handed in; here are the call and the choice.
 
 Where it runs, the module path (CausalSelfAttention.forward, one query through the cache) and generate's flat
-decode step (model/decode.py) both call it, so the two agree bit for bit as they do on the fused kernel. It computes
+decode step (model/decode.py) both call it, so the two agree bit for bit as they do on the fused kernel; the flat
+step binds it to each layer's cache once a generation (`over`) and has it write the step's new keys and values
+into the cache in the same call (`BoundAttention.write_and_attend`). It computes
 in float32 from bfloat16 or float32 q and cache, the output in q's dtype: a cache stays in the model's dtype
 (model/generate.py's decode_cache_dtype), half the bytes a step reads in bfloat16 against the float32 cache the
 fused kernel is faster on.
