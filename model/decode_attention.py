@@ -37,11 +37,10 @@ class DecodeAttention:
     v)` binds one layer's cache for the steps of a generation."""
 
     def __init__(self, lib: ctypes.CDLL):
-        self.lib = lib
-        self._call = lib.attngpt_decode_attention
+        self._call = lib.attngpt_decode_attention  # its function pointer keeps the library loaded
 
     def __deepcopy__(self, memo: dict) -> DecodeAttention:
-        return self  # no state but the loaded library, which a copied model shares
+        return self  # no state but the loaded library's function, which a copied model shares
 
     @staticmethod
     def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:

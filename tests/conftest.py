@@ -40,24 +40,27 @@ def kernel_cache(tmp_path_factory):
         yield
 
 
+def built_or_skip(library, what: str):
+    """A native/ library built and loaded (library(): native/build.py's), or the test skipped where it cannot be
+    (no C compiler)."""
+    built = library()
+    if built is None:
+        pytest.skip(f"no C compiler here: the {what} cannot be built")
+    return built
+
+
 @pytest.fixture
 def lib():
     """native/int8_matvec.c built and loaded; the test skips where it cannot be (no C compiler)."""
     from native.build import int8_matvec_library
-    built = int8_matvec_library()
-    if built is None:
-        pytest.skip("no C compiler here: the int8 kernel cannot be built")
-    return built
+    return built_or_skip(int8_matvec_library, "int8 kernel")
 
 
 @pytest.fixture(scope="session")
 def attention_lib():
     """native/decode_attention.c built and loaded; the test skips where it cannot be (no C compiler)."""
     from native.build import decode_attention_library
-    built = decode_attention_library()
-    if built is None:
-        pytest.skip("no C compiler here: the decode attention kernel cannot be built")
-    return built
+    return built_or_skip(decode_attention_library, "decode attention kernel")
 
 
 @pytest.fixture(scope="module")
